@@ -1,0 +1,160 @@
+"""Benchmark: examples per second per property, server start time, time to first failure per fault.
+
+    .venv/bin/python ci/bench.py                 # everything, ~5-10 min on 2 cores
+    .venv/bin/python ci/bench.py --examples 20 --only hit_accounting,long_prefix --faults none
+    .venv/bin/python ci/bench.py --json bench-results/bench.json
+
+Measured, not asserted: the table is for people (and the issue notes). Each
+property runs `--examples` generated examples (derandomized: the same ones
+every run) against a warm server and warm rank processes; the first example of
+each property (engine registration) is excluded from the rate. Each fault runs
+its self-check (tests/selfchecks.py) and reports the seconds until the first
+failing example and until the shrunk case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fixtures import procs  # noqa: E402,F401  (telemetry off)
+
+
+def bench_server_start(n: int) -> list[float]:
+    from fixtures.server import LMCacheServer, ServerOptions
+
+    out = []
+    for _ in range(n):
+        s = LMCacheServer(ServerOptions())
+        try:
+            s.start()
+            out.append(s.start_seconds)
+        finally:
+            s.close()
+    return out
+
+
+def bench_property(harness, name: str, examples: int) -> dict:
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from tests.properties import PROPERTIES
+
+    prop = PROPERTIES[name]
+    times: list[float] = []
+
+    @settings(max_examples=examples + 1, derandomize=True, database=None, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(w=prop.strategy())
+    def run(w):
+        t = time.monotonic()
+        prop.check(harness, w)
+        times.append(time.monotonic() - t)
+
+    t0 = time.monotonic()
+    run()
+    wall = time.monotonic() - t0
+    steady = times[1:] or times
+    return {
+        "property": name,
+        "examples": len(times),
+        "examples_per_s": round(len(steady) / sum(steady), 2) if sum(steady) else None,
+        "median_s": round(statistics.median(steady), 3),
+        "max_s": round(max(steady), 3),
+        "wall_s": round(wall, 1),
+    }
+
+
+def bench_fault(harness, check) -> dict:
+    from tests.selfchecks import hunt
+
+    try:
+        r = hunt(harness, check)
+    finally:
+        harness.release(check.options())
+    return {
+        "fault": check.fault,
+        "property": check.property,
+        "caught": r.caught,
+        "first_failure_s": round(r.seconds_to_first_failure, 1) if r.seconds_to_first_failure else None,
+        "shrunk_s": round(r.seconds, 1),
+        "runs": r.examples,
+        "within_bound": bool(r.minimal is not None and check.bound(r.minimal)),
+        "shrunk_to": r.minimal.describe() if r.minimal else None,
+    }
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for r in rows:
+        out.append("  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(cols, widths)))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--examples", type=int, default=30, help="examples per property (default 30)")
+    ap.add_argument("--only", default="", help="comma-separated property names (default: all)")
+    ap.add_argument("--faults", default="all", help="'all', 'none', or comma-separated fault ids")
+    ap.add_argument("--server-starts", type=int, default=3)
+    ap.add_argument("--json", default="", help="also write the results here")
+    a = ap.parse_args(argv)
+
+    from fixtures.engine import RankPool
+    from fixtures.harness import Harness
+    from fixtures.server import ServerPool
+    from tests.properties import PROPERTIES
+    from tests.selfchecks import SELF_CHECKS
+
+    results: dict = {}
+    starts = bench_server_start(a.server_starts) if a.server_starts else []
+    if starts:
+        results["server_start_s"] = {"n": len(starts), "median": round(statistics.median(starts), 2),
+                                     "max": round(max(starts), 2)}
+        print(f"server start (to /healthcheck + tap ready): median {statistics.median(starts):.2f} s, "
+              f"max {max(starts):.2f} s over {len(starts)} starts\n")
+
+    harness = Harness(ServerPool(max_running=4), RankPool())
+    try:
+        t = time.monotonic()
+        harness.ranks.ensure(4)
+        results["rank_spawn_s"] = round(time.monotonic() - t, 1)
+        print(f"4 rank processes spawned (torch + lmcache imported) in {results['rank_spawn_s']} s\n")
+        names = [n for n in (a.only.split(",") if a.only else PROPERTIES) if n]
+        rows = []
+        for n in names:
+            ex = max(2, a.examples // 5) if n == "long_prefix" else a.examples
+            rows.append(bench_property(harness, n, ex))
+            print(table(rows[-1:], list(rows[-1])), flush=True)
+        results["properties"] = rows
+        print("\nproperties\n" + table(rows, ["property", "examples", "examples_per_s", "median_s", "max_s", "wall_s"]))
+
+        if a.faults != "none":
+            checks = SELF_CHECKS if a.faults == "all" else [c for c in SELF_CHECKS if c.id in a.faults.split(",")
+                                                            or c.fault in a.faults.split(",")]
+            frows = []
+            for c in checks:
+                frows.append(bench_fault(harness, c))
+                print(f"{c.id}: first failure {frows[-1]['first_failure_s']} s, shrunk {frows[-1]['shrunk_s']} s",
+                      flush=True)
+            results["faults"] = frows
+            print("\ntime to first failure under each injected fault (includes the fault server's start)\n"
+                  + table(frows, ["fault", "property", "caught", "first_failure_s", "shrunk_s", "runs", "within_bound"]))
+    finally:
+        harness.close()
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up everything the suite needs on a fresh machine, in ./.venv (or $VENV).
+#   ci/setup.sh          then          .venv/bin/pytest -n auto
+# torch goes in first (the CPU wheel); a torch requirement resolved later by
+# another package would otherwise pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+py="$VENV/bin/python"
+pip() {
+  local log rc=0
+  log=$(mktemp)
+  "$py" -m pip install --disable-pip-version-check --no-input -q "$@" >"$log" 2>&1 || rc=$?
+  # This machine's pip config names local indexes that may be absent: drop that noise.
+  grep -v "is ignored: it is neither a file nor a directory" "$log" || true
+  rm -f "$log"
+  [ "$rc" -eq 0 ] || { echo "ci/setup.sh: pip install $* failed (exit $rc)" >&2; exit "$rc"; }
+}
+step() { printf 'ci/setup.sh: %s\n' "$*"; }
+
+step "torch      $($py ci/pins.py torch)"
+pip $($py ci/pins.py torch)
+step "main       $($py ci/pins.py main)"
+pip $($py ci/pins.py main)
+step "extras     connector, fuzz"
+pip $($py ci/pins.py connector fuzz)
+step "no-deps    $($py ci/pins.py no-deps)"
+pip --no-deps $($py ci/pins.py no-deps)
+# Check that what was installed is what the suite is pinned to.
+"$py" -m fixtures.preflight

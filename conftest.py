@@ -1,0 +1,158 @@
+"""pytest set-up for the suite: profiles, options, per-worker servers, one-line errors, repros.
+
+Profiles (Hypothesis): `dev` (default locally), `ci` (default when CI is set:
+derandomized, bounded), `nightly` (thorough). Pick one with
+`--hypothesis-profile NAME` or `LMCACHE_PBT_PROFILE=NAME`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from fixtures import procs  # noqa: F401  (telemetry off in this process and its children)
+
+# ---------------------------------------------------------------------------
+# Hypothesis profiles. `max_examples` is the budget unit: tests scale it with
+# tests.budget(weight), so a profile change moves every property together.
+# ---------------------------------------------------------------------------
+
+_COMMON = dict(
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile("dev", max_examples=10, **_COMMON)
+settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
+settings.register_profile("nightly", max_examples=200, **_COMMON)
+settings.register_profile("selfcheck", max_examples=200, derandomize=True, database=None,
+                          phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,
+                          **_COMMON)
+DEFAULT_PROFILE = os.environ.get("LMCACHE_PBT_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+settings.load_profile(DEFAULT_PROFILE)
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("lmcache-pbt")
+    g.addoption("--lmcache-url", default=os.environ.get("LMCACHE_PBT_URL"),
+                help="run against an already running server (ZMQ URL, e.g. tcp://127.0.0.1:5555); "
+                     "tests that need restarts, faults or other server options skip")
+    g.addoption("--lmcache-http", default=os.environ.get("LMCACHE_PBT_HTTP"),
+                help="that server's HTTP URL (e.g. http://127.0.0.1:8080), for /metrics and /status")
+    g.addoption("--lmcache-tap", default=os.environ.get("LMCACHE_PBT_TAP"),
+                help="events file of fixtures.server_tap loaded by that server (server-side byte figures)")
+    g.addoption("--gpu-share", action="store_true", default=False,
+                help="let TP ranks share one GPU when fewer GPUs than ranks exist (tp4 on one GPU)")
+
+
+def pytest_configure(config):
+    from fixtures import preflight
+    from fixtures.errors import SuiteError
+
+    try:
+        preflight.check_core()
+    except SuiteError as e:
+        pytest.exit(f"lmcache-pbt: {e}", returncode=4)
+    url, http = config.getoption("--lmcache-url"), config.getoption("--lmcache-http")
+    if (url is None) != (http is None):
+        raise pytest.UsageError("--lmcache-url and --lmcache-http go together")
+    if url:
+        # Narrow generated chunk sizes to the one the external server runs with.
+        import json
+        import urllib.request
+
+        import strategies.workloads as sw
+
+        try:
+            with urllib.request.urlopen(http.rstrip("/") + "/config", timeout=10) as r:
+                chunk = json.loads(r.read().decode())["mp"]["chunk_size"]
+        except Exception as e:  # noqa: BLE001
+            pytest.exit(f"lmcache-pbt: no LMCache server answers at {http}/config ({e})", returncode=4)
+        sw.CHUNK_SIZES = (int(chunk),)
+        os.environ["LMCACHE_PBT_CHUNK_SIZES"] = str(chunk)
+
+
+def pytest_report_header(config):
+    prof = config.getoption("hypothesis_profile", default=None) or DEFAULT_PROFILE
+    where = config.getoption("--lmcache-url") or "a fresh `lmcache server` per option set, per xdist worker"
+    return [f"lmcache-pbt: hypothesis profile {prof}; server: {where}"]
+
+
+# ---------------------------------------------------------------------------
+# Session fixtures: one server pool, one rank pool, one engine cache per worker
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def harness(request):
+    from fixtures.engine import RankPool
+    from fixtures.harness import Harness
+    from fixtures.server import ExternalServer, ServerPool
+
+    cfg = request.config
+    external = None
+    if cfg.getoption("--lmcache-url"):
+        external = ExternalServer(cfg.getoption("--lmcache-url"), cfg.getoption("--lmcache-http"),
+                                  cfg.getoption("--lmcache-tap"))
+    h = Harness(ServerPool(external=external, max_running=int(os.environ.get("LMCACHE_PBT_MAX_SERVERS", "4"))),
+                RankPool(size=4))
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+# ---------------------------------------------------------------------------
+# Reports: one line for environment errors; repro files for property failures
+# ---------------------------------------------------------------------------
+
+_BLOB = re.compile(r"@reproduce_failure\(([^)]*)\)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    from fixtures import repro
+
+    repro.set_current_test(item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    from fixtures import repro
+    from fixtures.errors import SuiteError
+
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(exc, SuiteError) and report.failed:
+        # An environment problem, not a property verdict: say it in one line.
+        report.longrepr = f"{type(exc).__name__}: {exc}"
+        return
+    if report.when == "call" and report.failed:
+        payload = repro.take(item.nodeid)
+        if payload is not None:
+            text = report.longreprtext or ""
+            m = _BLOB.search(text)
+            prof = item.config.getoption("hypothesis_profile", default=None) or DEFAULT_PROFILE
+            path = repro.write(payload, blob=m.group(1) if m else None, profile=prof,
+                               seed=item.config.getoption("hypothesis_seed", default=None))
+            rel = os.path.relpath(path)
+            report.sections.append(("lmcache-pbt repro", f"repro written: {rel}\nreplay: python -m fixtures.replay {rel}"
+                                    " [--lmcache-url tcp://HOST:PORT --lmcache-http http://HOST:PORT]"))
+    elif report.when == "call":
+        repro.take(item.nodeid)
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU-marked tests skip with one reason line when CUDA is absent (never pass silently)."""
+    from fixtures.devices import gpu_skip_reason
+
+    for item in items:
+        need = 4 if item.get_closest_marker("tp4") else (1 if item.get_closest_marker("gpu") else 0)
+        if need:
+            reason = gpu_skip_reason(need, share=config.getoption("--gpu-share"))
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))

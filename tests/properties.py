@@ -1,0 +1,89 @@
+"""The property bodies, shared by the tests, the self-checks and the benchmark.
+
+A property is: run a generated workload on the real server and engine, then
+check the named invariants (fixtures.invariants). On a violation it records a
+repro (fixtures.repro) and raises AssertionError with a readable report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from hypothesis import event as _event
+from hypothesis import settings
+from hypothesis.control import currently_in_test_context
+from hypothesis import strategies as st
+
+from fixtures import invariants, repro
+from fixtures.scenario import Observation, Workload
+from strategies import long_prefix_workloads, workloads
+
+
+def budget(weight: float = 1.0) -> int:
+    """Examples for a property: the active profile's max_examples x weight."""
+    return max(1, int(round(settings.default.max_examples * weight)))
+
+
+def bucket(n: int) -> str:
+    for lim in (0, 1, 4, 16, 64, 128):
+        if n <= lim:
+            return f"<={lim}"
+    return ">128"
+
+
+def event(msg: str) -> None:
+    """hypothesis.event when inside a Hypothesis test (fixed-case tests call these too)."""
+    if currently_in_test_context():
+        _event(msg)
+
+
+def check_workload(harness, w: Workload, names: tuple[str, ...]) -> Observation:
+    obs = harness.run(w)
+    c = w.server.chunk_size
+    event(f"query chunks {bucket(w.query.length // c)}, hit chunks {bucket(obs.hit // c)}")
+    event(f"TP{w.tp} {w.mode} settle={w.settle}")
+    for k in obs.known:
+        event(f"known LMCache 0.5.6 discrepancy: {k}")
+    found = invariants.check(obs, names)
+    if found:
+        repro.remember("workload", w.to_json(), [str(v) for v in found], names)
+        raise AssertionError(invariants.report(obs, found))
+    return obs
+
+
+@dataclass(frozen=True)
+class Property:
+    """An invariant set and the strategy that feeds it."""
+
+    name: str
+    invariants: tuple[str, ...]
+    strategy: Callable[..., st.SearchStrategy[Workload]]
+    doc: str
+
+    def check(self, harness, w: Workload) -> Observation:
+        return check_workload(harness, w, self.invariants)
+
+
+PROPERTIES = {
+    p.name: p
+    for p in [
+        Property("hit_accounting", ("hit_accounting",), workloads,
+                 "hit == C x leading stored chunks; multiples and +/-1 token; never more than stored"),
+        Property("never_stored", ("hit_accounting",), lambda **kw: workloads(query_kinds=("fresh",), **kw),
+                 "a prompt nobody stored hits 0"),
+        Property("divergence", ("hit_accounting", "bit_identity"),
+                 lambda **kw: workloads(query_kinds=("flipped",), **kw),
+                 "a token changed in chunk k gives exactly k chunks, and those restore bit-exactly"),
+        Property("hit_transferred", ("hit_transferred",), workloads,
+                 "tokens reported hit == tokens whose blocks the retrieve wrote, every rank"),
+        Property("bytes_moved", ("bytes_moved",), workloads,
+                 "bytes landed == hit x bytes/token == the server's MP_*_END figures"),
+        Property("bit_identity", ("bit_identity",), workloads,
+                 "restored blocks torch.equal the stored KV; nothing outside the range changes"),
+        Property("counters", ("counters",), workloads,
+                 "server counter deltas == what the engine side saw"),
+        Property("long_prefix", invariants.ALL, long_prefix_workloads,
+                 "100-160 chunks x 784 tokens round-trip, every invariant"),
+    ]
+}

@@ -1,0 +1,153 @@
+"""Self-checks: each invariant's property, run against a server with a fault injected.
+
+`hunt()` runs a property's Hypothesis search against a fault-injected server
+and returns the shrunk failing case. tests/test_selfchecks.py asserts that
+every fault is caught and shrunk to the bound stated here; ci/bench.py reuses
+the same table to time the first failure.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
+
+from fixtures import invariants
+from fixtures.scenario import Workload
+from fixtures.server import ServerOptions
+from tests.properties import PROPERTIES
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    fault: str
+    property: str
+    #: what the shrunk case must look like (the bound the shrinker reaches)
+    bound: Callable[[Workload], bool]
+    bound_text: str
+    chunk: int = 16
+    strategy_kw: dict = field(default_factory=dict)
+    max_examples: int = 300
+
+    @property
+    def id(self) -> str:
+        return f"{self.fault}->{self.property}"
+
+    def options(self) -> ServerOptions:
+        return ServerOptions(chunk_size=self.chunk, faults=(self.fault,))
+
+    def strategy(self):
+        kw = dict(self.strategy_kw)
+        if self.property != "long_prefix":
+            kw.setdefault("chunk", st.just(self.chunk))
+            kw.setdefault("modes", ("lmcache_driven",))
+        return PROPERTIES[self.property].strategy(server=self.options(), **kw)
+
+
+def _hit_chunks(w: Workload) -> int:
+    return invariants.model_hit(w) // w.server.chunk_size
+
+
+def _small(w: Workload, max_chunks: int) -> bool:
+    """TP1, one store that stores anything (a store of < 1 chunk is a no-op), prompts of
+    at most max_chunks chunks (+1 token)."""
+    c = w.server.chunk_size
+    real = [s for s in w.stores if s.prompt.length >= c]
+    return (w.tp == 1 and len(real) == 1 and w.query.length <= max_chunks * c + 1
+            and all(s.prompt.length <= max_chunks * c + 1 for s in real))
+
+
+SELF_CHECKS = [
+    SelfCheck("inflate_hit", "hit_accounting",
+              lambda w: _small(w, 1) and _hit_chunks(w) == 1,
+              "TP1, one store, a 1-chunk prompt looked up"),
+    SelfCheck("inflate_hit", "hit_transferred",
+              lambda w: _small(w, 1) and _hit_chunks(w) == 1,
+              "TP1, one store, a 1-chunk prompt looked up"),
+    SelfCheck("chunk_hash_off_by_one", "divergence",
+              lambda w: _small(w, 1) and w.query.flips == (w.server.chunk_size - 1,),
+              "a 1-chunk prompt whose last token (offset C-1) is changed hits 1 chunk instead of 0"),
+    SelfCheck("skip_retrieve_after:2", "hit_transferred",
+              lambda w: _small(w, 3) and _hit_chunks(w) == 3,
+              "exactly K+1 = 3 chunks hit (the smallest failing length)"),
+    SelfCheck("skip_retrieve_after:2", "bytes_moved",
+              lambda w: _small(w, 3) and _hit_chunks(w) == 3,
+              "exactly K+1 = 3 chunks hit"),
+    SelfCheck("swap_retrieved_chunks:1", "bit_identity",
+              lambda w: _small(w, 3) and _hit_chunks(w) == 3,
+              "exactly 3 chunks hit (chunks 1 and 2 swapped)"),
+    SelfCheck("retrieve_overrun", "bit_identity",
+              lambda w: _small(w, 1) and _hit_chunks(w) == 1,
+              "a 1-chunk hit writes one chunk past its range"),
+    SelfCheck("undercount_hit_metric", "counters",
+              lambda w: _small(w, 1) and _hit_chunks(w) == 1,
+              "a 1-chunk hit booked as C-1 tokens"),
+    SelfCheck("skip_retrieve_after:114", "long_prefix",
+              lambda w: _hit_chunks(w) == 115 and w.tp == 1,
+              "exactly 115 chunks x 784 tokens (the bug report's bracket (114, 128]), TP1",
+              chunk=784, max_examples=60),
+]
+
+
+@dataclass
+class HuntResult:
+    check: SelfCheck
+    caught: bool
+    minimal: Workload | None
+    violations: list[str]
+    examples: int
+    failing_examples: int
+    seconds: float
+    seconds_to_first_failure: float | None
+
+    def summary(self) -> str:
+        if not self.caught:
+            return f"{self.check.id}: NOT caught in {self.examples} examples ({self.seconds:.0f} s)"
+        return (f"{self.check.id}: caught after {self.seconds_to_first_failure:.1f} s, shrunk in "
+                f"{self.seconds:.0f} s over {self.examples} runs to:\n  "
+                + self.minimal.describe().replace("\n", "\n  ")
+                + "\n  violations: " + "; ".join(self.violations[:3]))
+
+
+def hunt(harness, check: SelfCheck, *, max_examples: int | None = None, shrink: bool = True) -> HuntResult:
+    """Search for a failure of check.property on a server with check.fault injected."""
+    prop = PROPERTIES[check.property]
+    failures: list[tuple[Workload, list[str]]] = []
+    stats = {"n": 0, "first": None}
+    t0 = time.monotonic()
+
+    @settings(
+        max_examples=max_examples or check.max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate, Phase.shrink] if shrink else [Phase.generate],
+        report_multiple_bugs=False,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(w=check.strategy())
+    def search(w):
+        stats["n"] += 1
+        obs = harness.run(w)
+        found = invariants.check(obs, prop.invariants)
+        if found:
+            if stats["first"] is None:
+                stats["first"] = time.monotonic() - t0
+            failures.append((w, [str(v) for v in found]))
+            raise AssertionError(f"{len(found)} violations")
+
+    caught = False
+    try:
+        search()
+    except AssertionError:
+        caught = True
+    except HypothesisException:
+        caught = bool(failures)
+    minimal, violations = failures[-1] if failures else (None, [])
+    return HuntResult(check, caught, minimal, violations, stats["n"], len(failures),
+                      time.monotonic() - t0, stats["first"])

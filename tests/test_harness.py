@@ -1,0 +1,113 @@
+"""The suite's own pieces: quick checks that the measuring instruments measure.
+
+These are not LMCache properties; they make sure a green property run cannot
+come from a harness that sees nothing (a model that always agrees, a byte
+counter that always says zero, an error path that hides the reason)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fixtures import faults, invariants, kvmodel, repro
+from fixtures.errors import ServerStartError
+from fixtures.metrics import Metrics
+from fixtures.scenario import PromptSpec, StoreSpec, Workload
+from fixtures.server import LMCacheServer, ServerOptions
+from strategies import workloads
+
+
+def test_prompts_share_exactly_their_common_prefix():
+    a = PromptSpec(3, 100).tokens()
+    b = PromptSpec(3, 60).tokens()
+    c = PromptSpec(3, 100, flips=(40,)).tokens()
+    assert np.array_equal(a[:60], b)
+    assert np.array_equal(a[:40], c[:40]) and a[40] != c[40] and np.array_equal(a[41:], c[41:])
+    assert a.max() < 2**32 and a.min() >= 0
+
+
+def test_model_kv_depends_on_the_prefix_only():
+    lay = kvmodel.KVLayout(num_layers=2, kv_heads_per_rank=2, head_dim=4, block_size=16)
+    a = PromptSpec(1, 64).tokens()
+    b = PromptSpec(1, 64, flips=(33,)).tokens()
+    ka = kvmodel.expected_blocks(lay, a, 0, 0, 4)
+    kb = kvmodel.expected_blocks(lay, b, 0, 0, 4)
+    assert torch.equal(ka[:2], kb[:2])            # blocks before the flip agree
+    assert not torch.equal(ka[2], kb[2])           # the flip's block differs
+    assert not torch.equal(ka[0], kvmodel.expected_blocks(lay, a, 1, 0, 1)[0])  # ranks hold different shards
+    assert not torch.isnan(ka.float()).any()       # never the sentinel
+
+
+def test_byte_counter_counts_written_elements():
+    lay = kvmodel.KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4, block_size=16)
+    kv = lay.allocate(8)
+    before = kvmodel.snapshot(kv)
+    data = kvmodel.expected_blocks(lay, PromptSpec(0, 32).tokens(), 0, 0, 2)
+    kvmodel.write_blocks(kv, [3, 4], data)
+    _, elems = kvmodel.changed(before, kv)
+    per_block = 2 * 16 * 1 * 4  # K and V x block tokens x heads x head_dim, one layer
+    assert elems.tolist() == [0, 0, 0, per_block, per_block, 0, 0, 0]
+    assert torch.equal(kvmodel.read_blocks(kv, [3, 4]), data)
+
+
+def test_model_hit_follows_prefixes_and_ranks():
+    opts = ServerOptions(chunk_size=16)
+    lay = kvmodel.KVLayout()
+    base = StoreSpec(PromptSpec(0, 64))
+    assert invariants.model_hit(Workload(opts, 1, "lmcache_driven", lay, (base,), PromptSpec(0, 64))) == 64
+    assert invariants.model_hit(Workload(opts, 1, "lmcache_driven", lay, (base,), PromptSpec(0, 63))) == 48
+    assert invariants.model_hit(Workload(opts, 1, "lmcache_driven", lay, (base,), PromptSpec(0, 64, (20,)))) == 16
+    assert invariants.model_hit(Workload(opts, 1, "lmcache_driven", lay, (base,), PromptSpec(5, 64))) == 0
+    assert invariants.model_hit(Workload(opts, 1, "lmcache_driven", lay, (base,), PromptSpec(0, 64), True)) == 48
+    half = StoreSpec(PromptSpec(0, 64), ranks=(0,))
+    assert invariants.model_hit(Workload(opts, 2, "lmcache_driven", lay, (half,), PromptSpec(0, 64))) == 0
+    assert invariants.model_leads(Workload(opts, 2, "lmcache_driven", lay, (half,), PromptSpec(0, 64))) == [4, 0]
+
+
+def test_metrics_parse_labels_and_sum():
+    m = Metrics.parse('# HELP x\nlmcache_mp_num_chunks_loaded_total{worker_id="1",model_name="m"} 3.0\n'
+                      'lmcache_mp_num_chunks_loaded_total{worker_id="2",model_name="m"} 4.0\nfoo 1e3\n')
+    assert m["lmcache_mp_num_chunks_loaded_total"] == 7
+    assert m.get("lmcache_mp_num_chunks_loaded_total", worker_id="2") == 4
+    assert m["foo"] == 1000
+
+
+@settings(max_examples=30, deadline=None)
+@given(w=workloads(chunk=st.sampled_from([16, 48, 784])))
+def test_workloads_round_trip_through_json(w):
+    assert Workload.from_json(json.loads(json.dumps(w.to_json()))) == w
+    assert w.server.chunk_size % w.layout.block_size == 0
+    for s in w.stores:
+        for a, b in s.step_ranges(w.server.chunk_size):
+            assert a < b and a % w.server.chunk_size == 0 and b % w.server.chunk_size == 0
+
+
+def test_fault_names_are_checked():
+    with pytest.raises(ValueError, match="unknown fault 'nope'"):
+        faults.parse("nope")
+    assert {f.name for f, _ in faults.parse("inflate_hit,skip_retrieve_after:3")} == {"inflate_hit", "skip_retrieve_after"}
+
+
+def test_a_bad_server_flag_is_one_clear_line(tmp_path):
+    srv = LMCacheServer(ServerOptions(extra_args=("--no-such-flag",)), workdir=str(tmp_path))
+    with pytest.raises(ServerStartError) as e:
+        srv.start()
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "--no-such-flag" in msg and "does not know" in msg
+    srv.close()
+
+
+def test_repro_files_replay_the_same_case(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMCACHE_PBT_REPRO_DIR", str(tmp_path))
+    w = Workload(ServerOptions(chunk_size=16), 1, "lmcache_driven", kvmodel.KVLayout(),
+                 (StoreSpec(PromptSpec(0, 20)),), PromptSpec(0, 20))
+    repro.set_current_test("tests/x.py::test_case")
+    repro.remember("workload", w.to_json(), ["[hit_accounting] example"], ("hit_accounting",))
+    path = repro.write(repro.take("tests/x.py::test_case"), blob="'6.170.17', b'AAA'", profile="ci")
+    loaded = repro.load(path)
+    assert Workload.from_json(loaded["case"]) == w
+    assert loaded["invariants"] == ["hit_accounting"] and loaded["hypothesis"]["profile"] == "ci"
