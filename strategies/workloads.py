@@ -21,6 +21,12 @@ CHUNK_SIZES = tuple(int(x) for x in os.environ.get("LMCACHE_PBT_CHUNK_SIZES", "1
 #: property goes to 160 x 784 = 125,440).
 MAX_TOKENS = int(os.environ.get("LMCACHE_PBT_MAX_TOKENS", "12544"))
 
+#: A generated workload's KV (all prompts, all ranks) stays under this, half the
+#: default 0.25 GB L1, so its chunks always fit below the eviction watermark and
+#: the hit can be predicted exactly. (Pressure on L1 is issue of its own: the
+#: stateful machine fills L1 past the watermark on purpose.)
+MAX_WORKLOAD_BYTES = int(os.environ.get("LMCACHE_PBT_MAX_WORKLOAD_BYTES", str(128 << 20)))
+
 
 def chunk_sizes(values: tuple[int, ...] | None = None) -> st.SearchStrategy[int]:
     """One of the configured chunk sizes (CHUNK_SIZES, read when the strategy is
@@ -113,9 +119,10 @@ def workloads(
     """A full single-shot workload for fixtures.scenario.run."""
     c = draw(chunk if chunk is not None else chunk_sizes())
     layouts = layouts or kv_layouts
-    max_chunks = max(1, min(160, max_tokens // c))
     layout = draw(layouts(chunk_size=c))
     tp, missing = draw(rank_layouts(tps, allow_missing=allow_missing_ranks))
+    byte_cap = MAX_WORKLOAD_BYTES // (layout.bytes_per_token * tp * max_stores)
+    max_chunks = max(1, min(160, max_tokens // c, byte_cap // c))
     mode = draw(st.sampled_from(modes))
     n = draw(st.integers(1, max_stores))
     stores = []
