@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from hypothesis import event as _event
 from hypothesis import settings
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 
 from fixtures import invariants, repro
+from fixtures.observe import event
 from fixtures.scenario import Observation, Workload
 from strategies import long_prefix_workloads, workloads
 
@@ -30,12 +29,6 @@ def bucket(n: int) -> str:
         if n <= lim:
             return f"<={lim}"
     return ">128"
-
-
-def event(msg: str) -> None:
-    """hypothesis.event when inside a Hypothesis test (fixed-case tests call these too)."""
-    if currently_in_test_context():
-        _event(msg)
 
 
 def check_workload(harness, w: Workload, names: tuple[str, ...]) -> Observation:
