@@ -20,13 +20,11 @@ import os
 import pathlib
 import struct
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # run as `python tests/fuzz/<target>.py`
-    sys.path.insert(0, str(ROOT))
 
-from fixtures import procs  # noqa: E402,F401  (telemetry off before lmcache is imported)
+from fixtures import procs  # noqa: F401  (telemetry off before lmcache is imported)
 
 try:
     import atheris
@@ -164,34 +162,34 @@ class Writer:
     def __init__(self):
         self.parts: list[bytes] = []
 
-    def u8(self, v: int) -> "Writer":
+    def u8(self, v: int) -> Writer:
         self.parts.append(struct.pack(">B", v))
         return self
 
-    def u16(self, v: int) -> "Writer":
+    def u16(self, v: int) -> Writer:
         self.parts.append(struct.pack(">H", v))
         return self
 
-    def u32(self, v: int) -> "Writer":
+    def u32(self, v: int) -> Writer:
         self.parts.append(struct.pack(">I", v))
         return self
 
-    def i16(self, v: int) -> "Writer":
+    def i16(self, v: int) -> Writer:
         self.parts.append(struct.pack(">h", v))
         return self
 
-    def i64(self, v: int) -> "Writer":
+    def i64(self, v: int) -> Writer:
         self.parts.append(struct.pack(">q", v))
         return self
 
-    def blob(self, b: bytes) -> "Writer":
+    def blob(self, b: bytes) -> Writer:
         self.parts.append(struct.pack(">H", len(b)) + b)
         return self
 
-    def text(self, s: str) -> "Writer":
+    def text(self, s: str) -> Writer:
         return self.blob(s.encode())
 
-    def raw(self, b: bytes) -> "Writer":
+    def raw(self, b: bytes) -> Writer:
         self.parts.append(b)
         return self
 
@@ -251,7 +249,8 @@ KNOWN = {
     "dtype_attribute_error": "a MemoryLayoutDesc dtype name torch lacks raises AttributeError from "
                              "getattr(torch, name) in the customized decoder's dec_hook",
     "fs_model_name_sep": "the fs L2 filename writes '/' in a model name as '-SEP-' and reads every "
-                         "'-SEP-' back as '/': models 'a-SEP-b' and 'a/b' share L2 files",
+                         "'-SEP-' back as '/' (a substitution, not an escape): models 'a-SEP-b' and 'a/b' "
+                         "share L2 files, and 'a-SEP/-b' reads back as 'a/SEP--b'",
     "kv_rank_aliasing": "ObjectKey.ComputeKVRank ORs world_size/worker_id into 8-bit fields unchecked: "
                         "with world_size > 255, different workers get the same kv_rank (same ObjectKey)",
 }
@@ -281,7 +280,7 @@ def known(name: str, detail: str) -> None:
 def avoid_known(name: str) -> bool:
     """Whether to keep an input that triggers known finding `name` away from the
     server (skip mode; counted) or send it and let the remote checks see it (hit mode)."""
-    KNOWN[name]  # noqa: B018  (a typo is a KeyError, not a silent pass)
+    KNOWN[name]
     if known_mode() == "hit":
         return False
     _tally[name] += 1
