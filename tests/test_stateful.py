@@ -49,7 +49,7 @@ def test_histories_never_overstate_and_never_lose(harness):
 STATEFUL_FAULTS = [
     # fault, the bound on the shrunk program (steps, excluding new_prompt)
     ("l2_drops_last_chunk", 5),
-    ("lookup_counts_inflight:300", 4),
+    ("lookup_counts_inflight:1000", 4),
 ]
 
 
