@@ -5,6 +5,8 @@ suite turns red the day LMCache changes that behaviour, so the pin and the
 tolerance in fixtures/invariants.py can be removed.
 """
 
+import time
+
 import pytest
 
 from fixtures import invariants
@@ -46,5 +48,213 @@ def test_retrieve_past_the_prompt_is_answered(harness):
         dst = eng.alloc(2)
         (r,) = eng.retrieve("known-q", toks, dst, 0, 32, "known", timeout=5.0)
         assert r.finished, "the server never answered a RETRIEVE with end=32 for a 16-token request (5 s)"
+    finally:
+        eng.close()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6: a worker adapter starts its heartbeat "
+                                                              "lazily on its first store/retrieve; one that has only "
+                                                              "registered never notices a server restart, is never "
+                                                              "re-registered, and every later store fails")
+def test_a_restart_before_the_first_store_is_recovered(harness):
+    srv = harness.server(ServerOptions(chunk_size=16, l2_fs=True, tag="known-restart"))
+    eng = Engine(harness.ranks, srv, tp=1, mode="lmcache_driven", layout=TINY, model_name="pbt-known-restart",
+                 heartbeat_interval=1.0)
+    try:
+        toks = PromptSpec(8, 16).tokens()
+        src = eng.alloc(1)
+        eng.prefill(toks, src)
+        srv.restart()
+        ok = []
+        for i in range(3):  # give the adapter three heartbeat intervals to recover
+            (rep,) = eng.store(f"known-r{i}", toks, [(0, 16, src)], f"known-r{i}")
+            ok.append(rep[0].ok)
+            time.sleep(1.5)
+        assert ok[-1], f"stores after the restart: {ok} (never recovered)"
+    finally:
+        eng.close()
+        harness.release(ServerOptions(chunk_size=16, l2_fs=True, tag="known-restart"))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6: a store that does not fit whole into "
+                                                              "L1 is dropped (reported successful) and does not "
+                                                              "trigger eviction; with L1 just under its watermark, "
+                                                              "every store bigger than the free space is dropped")
+def test_a_store_that_does_not_fit_makes_room(harness):
+    opts = ServerOptions(chunk_size=16, l1_size_gb=0.03125, tag="known-full")
+    srv = harness.server(opts)
+    lay = KVLayout(num_layers=4, kv_heads_per_rank=8, head_dim=64)  # 8 KiB per token
+    eng = Engine(harness.ranks, srv, tp=1, mode="lmcache_driven", layout=lay, model_name="pbt-known-full",
+                 num_blocks=256)
+    try:
+        n = 1632  # 40% of the 32 MiB L1: two fill it to 79.7%, just under the 0.8 watermark
+        written = []
+        for i in range(3):
+            eng.reset_blocks()
+            toks = PromptSpec(100 + i, n).tokens()
+            blocks = eng.alloc(n // 16)
+            eng.prefill(toks, blocks)
+            m0 = srv.metrics()
+            (rep,) = eng.store(f"known-f{i}", toks, [(0, n, blocks)], "known-full")
+            assert rep[0].ok
+            time.sleep(2.5)  # two ticks of the eviction loop
+            written.append(srv.metrics().delta(m0, "lmcache_mp_l1_write_chunks_total"))
+        assert written[2] > 0, f"chunks written per store: {written} (the third store was dropped, nothing evicted)"
+    finally:
+        eng.close()
+        harness.release(opts)
+
+
+# ---------------------------------------------------------------------------
+# The connector (fixtures.connector): vLLM's own configs and scheduler
+# ---------------------------------------------------------------------------
+
+
+def _connector():
+    pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
+    from fixtures import connector
+    from fixtures.vllm_model import ModelShape
+
+    return connector, ModelShape
+
+
+@pytest.mark.connector
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6: a register_kv_cache the server rejects "
+                                                              "(here: a sliding window shorter than the chunk and not "
+                                                              "a multiple of the block) raises inside the blocking "
+                                                              "handler; the server logs it and never replies, and the "
+                                                              "connector reports 'did not respond ... Is the server "
+                                                              "running?' after mq_timeout")
+def test_a_rejected_registration_is_answered_with_its_reason(harness):
+    connector, ModelShape = _connector()
+    from fixtures.errors import HarnessError
+
+    shape = ModelShape("gemma3_text", 2, ("sliding", "full"), num_kv_heads=1, head_dim=16, block_size=32,
+                       sliding_window=16)
+    opts = ServerOptions(chunk_size=96, separate_object_groups=True, tag="known-reject")
+    srv = harness.server(opts)
+    eng = None
+    try:
+        eng = connector.ConnectorEngine(harness, srv, shape, tp=1, num_blocks=4 * 64 + 16, max_num_batched_tokens=256,
+                                        max_model_len=2048, extra=(("lmcache.mp.mq_timeout", 5.0),))
+    except HarnessError as e:
+        assert "did not respond" not in str(e), ("the server rejected the registration (its log: 'sub-chunk sliding "
+                                                 "window size 16 must be a multiple of tokens_per_block 32') but "
+                                                 "never answered; the connector timed out after 5 s")
+    finally:
+        if eng is not None:
+            eng.close()
+        harness.release(opts)
+
+
+@pytest.mark.connector
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6 without --separate-object-groups retrieves "
+                                                              "a sliding-window group's out-of-window chunks into "
+                                                              "vLLM's null block 0 (block id 0 in the block table)")
+def test_sliding_window_chunks_outside_the_window_skip_the_null_block(harness):
+    connector, ModelShape = _connector()
+    from fixtures import connector_invariants
+
+    shape = ModelShape("gemma3_text", 2, ("sliding", "full"), num_kv_heads=1, head_dim=16, block_size=16,
+                       sliding_window=32)
+    case = connector.ConnectorCase(shape, tp=1, separate_object_groups=False, first=PromptSpec(3, 160),
+                                   second=PromptSpec(3, 160))
+    obs = connector.run_case(harness, case)
+    connector_invariants.check(obs)  # every other invariant holds: tolerated as a note only
+    written = sorted({c.rank for c in obs.checks for g in c.groups if 0 in g.changed_elems})
+    assert obs.retrieve_ops, "request 2 was not served from LMCache"
+    assert not written, f"the load wrote into vLLM's null block 0 on ranks {written}"
+
+
+@pytest.mark.connector
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6's CPU SHM migration (register_kv_caches "
+                                                              "on CPU) moves the KV storage into shared memory and "
+                                                              "re-points only the tensors it is handed; vLLM's Mamba "
+                                                              "state views into the same storage keep the old memory, "
+                                                              "so a restored GDN state is invisible to the engine")
+def test_cpu_shm_migration_repoints_every_view(harness):
+    connector, ModelShape = _connector()
+    from fixtures import connector_invariants
+
+    shape = ModelShape("qwen3_next", 2, ("gdn", "full"), num_kv_heads=1, head_dim=16, linear_key_heads=1,
+                       linear_value_heads=2, linear_head_dim=16, block_size=16, mamba_cache_mode="align")
+    case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 200),
+                                   second=PromptSpec(4, 200))
+    opts = connector.case_server(case)
+    srv = harness.server(opts)
+    nb, mml = connector.case_geometry(case)
+    eng = connector.ConnectorEngine(harness, srv, shape, tp=1, num_blocks=nb, max_num_batched_tokens=2048,
+                                    max_model_len=mml, repoint_views=False)
+    try:
+        obs = connector.run_case(harness, case, engine=eng)
+        found = connector_invariants.check(obs, ("restored_bit_identical",))
+        assert obs.retrieve_ops, "request 2 was not served from LMCache"
+        assert not found, connector_invariants.report(obs, found)
+    finally:
+        eng.close()
+
+
+@pytest.mark.connector
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6's CPU SHM transfer path needs every KV "
+                                                              "view contiguous: a hybrid GDN model with more than one "
+                                                              "KV head per rank fails registration with ValueError")
+def test_hybrid_gdn_with_two_kv_heads_per_rank_registers(harness):
+    connector, ModelShape = _connector()
+    from fixtures.errors import HarnessError
+
+    shape = ModelShape("qwen3_next", 2, ("gdn", "full"), num_kv_heads=2, head_dim=16, linear_key_heads=1,
+                       linear_value_heads=2, linear_head_dim=16, block_size=16, mamba_cache_mode="align")
+    case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 64),
+                                   second=PromptSpec(4, 64))
+    try:
+        connector.run_case(harness, case)
+    except HarnessError as e:
+        assert "ValueError" not in str(e), f"registration failed: {str(e).splitlines()[0][:300]}"
+
+
+@pytest.mark.connector
+def test_mamba_cache_mode_all_fails_loudly_at_configuration():
+    """mamba_cache_mode: 'align' and 'none' are in the generated mix (strategies/hybrid.py) and
+    served; vLLM 0.33's CacheConfig rejects 'all' for the GDN models here, before any KV moves."""
+    connector, ModelShape = _connector()
+    from fixtures import vllm_model
+
+    shape = ModelShape("qwen3_next", 2, ("gdn", "full"), num_kv_heads=1, head_dim=16, linear_key_heads=1,
+                       linear_value_heads=2, linear_head_dim=16, block_size=16, mamba_cache_mode="all")
+    with pytest.raises(ValueError, match="mamba_cache_mode"):
+        vllm_model.vllm_config(shape, "tcp://127.0.0.1:1")
+
+
+@pytest.mark.connector
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6: LMCacheMPConnector.wait_for_save only "
+                                                              "submits the step's stores (its docstring says it blocks "
+                                                              "until they are done); vLLM frees a sliding-window "
+                                                              "group's out-of-window blocks mid-prefill and reuses them "
+                                                              "while the server still copies them, so the stored chunk "
+                                                              "holds later tokens' KV and a later full hit restores it")
+def test_a_store_copies_blocks_before_vllm_reuses_them(harness):
+    connector, ModelShape = _connector()
+    from fixtures import connector_invariants
+
+    shape = ModelShape("gemma3_text", 2, ("sliding", "full"), num_kv_heads=4, head_dim=16, block_size=32,
+                       sliding_window=32)
+    # Chunked prefill (256 tokens a step) moves the window past tokens [64, 96) while their
+    # store is in flight; request 2 diverges at token 127, so vLLM resumes at 96 relying on
+    # exactly that sliding-window block. (Found by test_connector.py's generated cases.)
+    case = connector.ConnectorCase(shape, tp=4, separate_object_groups=True, first=PromptSpec(2, 785),
+                                   second=PromptSpec(2, 785, (127,)), max_num_batched_tokens=256)
+    srv = harness.server(connector.case_server(case))
+    nb, mml = connector.case_geometry(case)
+    eng = connector.ConnectorEngine(harness, srv, shape, tp=4, num_blocks=nb, max_num_batched_tokens=256,
+                                    max_model_len=mml, wait_for_stores=False)
+    try:
+        bad = []
+        for _ in range(3):  # the race is the server's copy against the next step: try a few times
+            obs = connector.run_case(harness, case, engine=eng)
+            assert obs.retrieve_ops, "request 2 was not served from LMCache"
+            bad += connector_invariants.check(obs, ("restored_bit_identical",))
+            if bad:
+                break
+        assert not bad, connector_invariants.report(obs, bad)
     finally:
         eng.close()
