@@ -113,15 +113,15 @@ class HuntResult:
                 + "\n  violations: " + "; ".join(self.violations[:3]))
 
 
-def hunt(harness, check: SelfCheck, *, max_examples: int | None = None, shrink: bool = True) -> HuntResult:
-    """Search for a failure of check.property on a server with check.fault injected."""
-    prop = PROPERTIES[check.property]
-    failures: list[tuple[Workload, list[str]]] = []
+def search_for_failure(strategy, body: Callable, *, max_examples: int, shrink: bool = True):
+    """Run body(example) under Hypothesis until it returns violations; shrink them.
+    Returns (caught, [(example, violations)], examples run, seconds, seconds to the first failure)."""
+    failures: list[tuple[object, list[str]]] = []
     stats = {"n": 0, "first": None}
     t0 = time.monotonic()
 
     @settings(
-        max_examples=max_examples or check.max_examples,
+        max_examples=max_examples,
         derandomize=True,
         database=None,
         deadline=None,
@@ -130,15 +130,14 @@ def hunt(harness, check: SelfCheck, *, max_examples: int | None = None, shrink: 
         print_blob=False,
         suppress_health_check=list(HealthCheck),
     )
-    @given(w=check.strategy())
-    def search(w):
+    @given(x=strategy)
+    def search(x):
         stats["n"] += 1
-        obs = harness.run(w)
-        found = invariants.check(obs, prop.invariants)
+        found = body(x)
         if found:
             if stats["first"] is None:
                 stats["first"] = time.monotonic() - t0
-            failures.append((w, [str(v) for v in found]))
+            failures.append((x, [str(v) for v in found]))
             raise AssertionError(f"{len(found)} violations")
 
     caught = False
@@ -146,8 +145,18 @@ def hunt(harness, check: SelfCheck, *, max_examples: int | None = None, shrink: 
         search()
     except AssertionError:
         caught = True
-    except HypothesisException:
+    except HypothesisException as e:
         caught = bool(failures)
+        if not caught:
+            print(f"search ended without a failure: {type(e).__name__}: {str(e)[:300]}")
+    return caught, failures, stats["n"], time.monotonic() - t0, stats["first"]
+
+
+def hunt(harness, check: SelfCheck, *, max_examples: int | None = None, shrink: bool = True) -> HuntResult:
+    """Search for a failure of check.property on a server with check.fault injected."""
+    prop = PROPERTIES[check.property]
+    caught, failures, n, secs, first = search_for_failure(
+        check.strategy(), lambda w: invariants.check(harness.run(w), prop.invariants),
+        max_examples=max_examples or check.max_examples, shrink=shrink)
     minimal, violations = failures[-1] if failures else (None, [])
-    return HuntResult(check, caught, minimal, violations, stats["n"], len(failures),
-                      time.monotonic() - t0, stats["first"])
+    return HuntResult(check, caught, minimal, violations, n, len(failures), secs, first)
