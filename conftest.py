@@ -146,6 +146,20 @@ def pytest_runtest_makereport(item, call):
         repro.take(item.nodeid)
 
 
+def pytest_generate_tests(metafunc):
+    """Every test that takes `kv_device` runs once per device (fixtures.devices): `cpu`
+    everywhere, `cuda` (marker gpu) and `cuda-tp4` (marker tp4) where GPUs exist; the
+    property bodies are the same."""
+    if "kv_device" not in metafunc.fixturenames:
+        return
+    from fixtures.devices import KV_DEVICES
+
+    share = metafunc.config.getoption("--gpu-share")
+    marks = {1: [pytest.mark.gpu], 4: [pytest.mark.gpu, pytest.mark.tp4]}
+    metafunc.parametrize("kv_device", [pytest.param(d.name, marks=marks.get(d.need_gpus, ()), id=d.test_id(share))
+                                       for d in KV_DEVICES.values()])
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU-marked tests skip with one reason line when CUDA is absent (never pass silently)."""
     from fixtures.devices import gpu_skip_reason

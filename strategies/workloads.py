@@ -115,8 +115,9 @@ def workloads(
     server: ServerOptions = ServerOptions(),
     reserve_last_token: st.SearchStrategy[bool] = st.booleans(),
     query_kinds: tuple[str, ...] = QUERY_KINDS,
+    device: str = "cpu",
 ) -> Workload:
-    """A full single-shot workload for fixtures.scenario.run."""
+    """A full single-shot workload for fixtures.scenario.run (KV caches on `device`)."""
     c = draw(chunk if chunk is not None else chunk_sizes())
     layouts = layouts or kv_layouts
     layout = draw(layouts(chunk_size=c))
@@ -140,13 +141,14 @@ def workloads(
         query=query,
         reserve_last_token=draw(reserve_last_token),
         settle=draw(st.sampled_from(settles)),
+        device=device,
     )
 
 
 @st.composite
 def long_prefix_workloads(draw, *, chunk: int = 784, min_chunks: int = 100, max_chunks: int = 160,
                           tps: tuple[int, ...] = (1, 2), modes: tuple[str, ...] = ("lmcache_driven",),
-                          server: ServerOptions = ServerOptions()) -> Workload:
+                          server: ServerOptions = ServerOptions(), device: str = "cpu") -> Workload:
     """The bug report's shape: one prompt of 100..160 chunks of 784 tokens, stored
     (in chunked-prefill steps or at once), settled, then looked up again: exactly,
     one token short, one token long, or extended by a chunk."""
@@ -169,4 +171,5 @@ def long_prefix_workloads(draw, *, chunk: int = 784, min_chunks: int = 100, max_
         query=PromptSpec(0, qlen),
         reserve_last_token=draw(st.booleans()),
         settle="settled",
+        device=device,
     )

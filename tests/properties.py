@@ -14,6 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from fixtures import invariants, repro
+from fixtures.devices import KV_DEVICES
 from fixtures.observe import event
 from fixtures.scenario import Observation, Workload
 from strategies import long_prefix_workloads, workloads
@@ -56,6 +57,14 @@ class Property:
 
     def check(self, harness, w: Workload) -> Observation:
         return check_workload(harness, w, self.invariants)
+
+    def on(self, kv_device: str, **kw) -> st.SearchStrategy[Workload]:
+        """The property's strategy with the KV caches on `kv_device` (fixtures.devices:
+        "cpu", "cuda", "cuda-tp4"); the one switch between the CPU and the GPU path."""
+        d = KV_DEVICES[kv_device]
+        if d.tps is not None:
+            kw["tps"] = d.tps
+        return self.strategy(device=d.device, **kw)
 
 
 PROPERTIES = {

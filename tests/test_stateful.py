@@ -20,26 +20,28 @@ STEPS = int(os.environ.get("LMCACHE_PBT_STATEFUL_STEPS", "14"))
 
 
 @pytest.mark.stateful
-def test_a_fixed_tour_fires_every_rule(harness):
+def test_a_fixed_tour_fires_every_rule(harness, kv_device):
     """Every rule, once, in an order where each acts on something; all checks apply."""
-    Machine = machine_for(harness)
+    cfg = MachineConfig().on(kv_device)
+    Machine = machine_for(harness, cfg)
     try:
         run_program(Machine, tour())
     finally:
-        harness.release(MachineConfig().server)
+        harness.release(cfg.server)
     missing = [r for r in RULES if not Machine.fired.get(r)]
     assert not missing, f"the tour did not fire {missing}"
 
 
 @pytest.mark.stateful
 @pytest.mark.slow
-def test_histories_never_overstate_and_never_lose(harness):
-    Machine = machine_for(harness)
+def test_histories_never_overstate_and_never_lose(harness, kv_device):
+    cfg = MachineConfig().on(kv_device)
+    Machine = machine_for(harness, cfg)
     try:
         run_state_machine_as_test(Machine, settings=settings(
             settings.default, max_examples=budget(1), stateful_step_count=STEPS, deadline=None))
     finally:
-        harness.release(MachineConfig().server)
+        harness.release(cfg.server)
     # Hypothesis' swarm testing switches rules off per program, so a few programs need
     # not cover every rule: the tour above does; this prints what the search ran.
     counts = ", ".join(f"{r}={Machine.fired.get(r, 0)}" for r in RULES)
