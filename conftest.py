@@ -1,7 +1,8 @@
 """pytest set-up for the suite: profiles, options, per-worker servers, one-line errors, repros.
 
 Profiles (Hypothesis): `dev` (default locally), `ci` (default when CI is set:
-derandomized, bounded), `nightly` (thorough). Pick one with
+derandomized, bounded), `nightly` (thorough), `smoke` (2-example budget unit, for
+ci/gpu-smoke.sh on briefly lent machines). Pick one with
 `--hypothesis-profile NAME` or `LMCACHE_PBT_PROFILE=NAME`.
 """
 
@@ -12,6 +13,7 @@ import re
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from fixtures import procs  # noqa: F401  (telemetry off in this process and its children)
 
@@ -26,7 +28,12 @@ _COMMON = dict(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile("dev", max_examples=10, **_COMMON)
-settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
+# LMCACHE_PBT_DB=DIR keeps failing examples in DIR under any profile (the GPU job keeps it as an artifact)
+_DB = os.environ.get("LMCACHE_PBT_DB")
+settings.register_profile("ci", max_examples=10, derandomize=True,
+                          database=DirectoryBasedExampleDatabase(_DB) if _DB else None, **_COMMON)
+settings.register_profile("smoke", max_examples=2, derandomize=True,
+                          database=DirectoryBasedExampleDatabase(_DB) if _DB else None, **_COMMON)
 settings.register_profile("nightly", max_examples=200, **_COMMON)
 settings.register_profile("selfcheck", max_examples=200, derandomize=True, database=None,
                           phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,

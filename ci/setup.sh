@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the suite needs on a fresh machine, in ./.venv (or $VENV).
 #   ci/setup.sh          then          .venv/bin/pytest -n auto
+# TORCH_BUILD=cuda (ci/gpu-job.sh) fails unless the pinned torch that pip resolves is a CUDA build.
 # torch goes in first (the CPU wheel); a torch requirement resolved later by
 # another package would otherwise pull a multi-GB CUDA build.
 set -euo pipefail
@@ -22,8 +23,14 @@ pip() {
 }
 step() { printf 'ci/setup.sh: %s\n' "$*"; }
 
-step "torch      $($py ci/pins.py torch)"
+step "torch      $($py ci/pins.py torch)${TORCH_BUILD:+ ($TORCH_BUILD build)}"
 pip $($py ci/pins.py torch)
+if [ "${TORCH_BUILD:-}" = "cuda" ]; then
+  # the GPU job (ci/gpu-job.sh): the pinned torch must be a CUDA build
+  "$py" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' || {
+    echo "ci/setup.sh: torch $("$py" -c 'import torch; print(torch.__version__)') is a CPU build; the GPU job needs" \
+         "the CUDA build of the same version (a pip index or find-links that serves it)" >&2; exit 1; }
+fi
 step "main       $($py ci/pins.py main)"
 pip $($py ci/pins.py main)
 step "extras     connector, fuzz"
