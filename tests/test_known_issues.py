@@ -118,6 +118,13 @@ def _connector():
     return connector, ModelShape
 
 
+def _tiny_gdn(ModelShape, **kw):
+    """The smallest hybrid model: one GDN and one full-attention layer, one KV head."""
+    args = dict(num_kv_heads=1, head_dim=16, linear_key_heads=1, linear_value_heads=2, linear_head_dim=16,
+                block_size=16, mamba_cache_mode="align") | kw
+    return ModelShape("qwen3_next", 2, ("gdn", "full"), **args)
+
+
 @pytest.mark.connector
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6: a register_kv_cache the server rejects "
                                                               "(here: a sliding window shorter than the chunk and not "
@@ -196,8 +203,7 @@ def test_a_gdn_hit_restores_the_state_vllm_resumes_from(harness):
     connector, ModelShape = _connector()
     from fixtures import connector_invariants
 
-    shape = ModelShape("qwen3_next", 2, ("gdn", "full"), num_kv_heads=1, head_dim=16, linear_key_heads=1,
-                       linear_value_heads=2, linear_head_dim=16, block_size=16, mamba_cache_mode="align")
+    shape = _tiny_gdn(ModelShape)
     # chunk 4 x 48 = 192 tokens, 20 chunks, 512-token prefill steps (not a multiple of 192)
     case = connector.ConnectorCase(shape, chunk_multiple=4, tp=1, separate_object_groups=True,
                                    first=PromptSpec(9, 3840), second=PromptSpec(9, 3840), max_num_batched_tokens=512)
@@ -216,8 +222,7 @@ def test_cpu_shm_migration_repoints_every_view(harness):
     connector, ModelShape = _connector()
     from fixtures import connector_invariants
 
-    shape = ModelShape("qwen3_next", 2, ("gdn", "full"), num_kv_heads=1, head_dim=16, linear_key_heads=1,
-                       linear_value_heads=2, linear_head_dim=16, block_size=16, mamba_cache_mode="align")
+    shape = _tiny_gdn(ModelShape)
     case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 200),
                                    second=PromptSpec(4, 200))
     opts = connector.case_server(case)
@@ -242,8 +247,7 @@ def test_hybrid_gdn_with_two_kv_heads_per_rank_registers(harness):
     connector, ModelShape = _connector()
     from fixtures.errors import HarnessError
 
-    shape = ModelShape("qwen3_next", 2, ("gdn", "full"), num_kv_heads=2, head_dim=16, linear_key_heads=1,
-                       linear_value_heads=2, linear_head_dim=16, block_size=16, mamba_cache_mode="align")
+    shape = _tiny_gdn(ModelShape, num_kv_heads=2)
     case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 64),
                                    second=PromptSpec(4, 64))
     try:
@@ -259,8 +263,7 @@ def test_mamba_cache_mode_all_fails_loudly_at_configuration():
     connector, ModelShape = _connector()
     from fixtures import vllm_model
 
-    shape = ModelShape("qwen3_next", 2, ("gdn", "full"), num_kv_heads=1, head_dim=16, linear_key_heads=1,
-                       linear_value_heads=2, linear_head_dim=16, block_size=16, mamba_cache_mode="all")
+    shape = _tiny_gdn(ModelShape, mamba_cache_mode="all")
     with pytest.raises(ValueError, match="mamba_cache_mode"):
         vllm_model.vllm_config(shape, "tcp://127.0.0.1:1")
 
