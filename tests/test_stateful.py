@@ -6,6 +6,7 @@ and a filler engine that pushes L1 past its eviction watermark.
 """
 
 import os
+import time
 
 import pytest
 from hypothesis import settings
@@ -37,6 +38,7 @@ def test_a_fixed_tour_fires_every_rule(harness, kv_device):
 def test_histories_never_overstate_and_never_lose(harness, kv_device):
     cfg = MachineConfig().on(kv_device)
     Machine = machine_for(harness, cfg)
+    t0 = time.monotonic()
     try:
         run_state_machine_as_test(Machine, settings=settings(
             settings.default, max_examples=budget(1), stateful_step_count=STEPS, deadline=None))
@@ -44,8 +46,11 @@ def test_histories_never_overstate_and_never_lose(harness, kv_device):
         harness.release(cfg.server)
     # Hypothesis' swarm testing switches rules off per program, so a few programs need
     # not cover every rule: the tour above does; this prints what the search ran.
+    secs = time.monotonic() - t0
+    steps = sum(Machine.fired.values())
     counts = ", ".join(f"{r}={Machine.fired.get(r, 0)}" for r in RULES)
-    print(f"\nstateful rules fired over {budget(1)} programs: {counts}")
+    print(f"\nstateful rules fired over {budget(1)} programs: {counts}\n"
+          f"{steps} steps in {secs:.0f} s: {steps / secs:.2f} steps/s (checks after every step included)")
 
 
 STATEFUL_FAULTS = [
