@@ -301,3 +301,35 @@ def test_a_store_copies_blocks_before_vllm_reuses_them(harness):
         assert not bad, connector_invariants.report(obs, bad)
     finally:
         eng.close()
+
+
+@pytest.mark.connector
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LMCache 0.5.6 + vLLM 0.33: after a failed LMCache load "
+                                                              "(kv_load_failure_policy=fail) vLLM finishes the request "
+                                                              "with an error; request_finished returns True (blocks "
+                                                              "freed later), the worker still reports the request in "
+                                                              "finished_recving, which frees and deletes it, and then "
+                                                              "echoes it in finished_sending: vLLM's scheduler asserts "
+                                                              "(_update_from_kv_xfer_finished) and its engine core dies")
+def test_a_failed_load_does_not_crash_vllms_scheduler(harness, family):
+    """The retrieve fails inside LMCache (fault retrieve_loses_last_chunk: an object gone
+    between lookup and retrieve). vLLM must fail or recompute request 2, not crash."""
+    import traceback
+
+    connector, ModelShape = _connector()
+    shape = ModelShape("llama", 1, ("full",)) if family == "llama" else _tiny_gdn(ModelShape)
+    bs = connector.resolved_block_size(shape)
+    case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(0, 3 * bs),
+                                   second=PromptSpec(0, 3 * bs), max_num_batched_tokens=bs if family != "llama" else 2048,
+                                   faults=("retrieve_loses_last_chunk",))
+    opts = connector.case_server(case)
+    crashed = None
+    try:
+        connector.run_case(harness, case)
+    except AssertionError as e:  # raised inside vLLM's scheduler, not by this test
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        crashed = f"{frame.name} ({frame.filename.split('site-packages/')[-1]}:{frame.lineno}): {frame.line}"
+    finally:
+        harness.release(opts)  # the engine's scheduler is left mid-update: drop it with its server
+    assert crashed is None, f"vLLM's scheduler crashed after LMCache reported a failed load: {crashed}"
