@@ -29,11 +29,9 @@ _COMMON = dict(
 )
 settings.register_profile("dev", max_examples=10, **_COMMON)
 # LMCACHE_PBT_DB=DIR keeps failing examples in DIR under any profile (the GPU job keeps it as an artifact)
-_DB = os.environ.get("LMCACHE_PBT_DB")
-settings.register_profile("ci", max_examples=10, derandomize=True,
-                          database=DirectoryBasedExampleDatabase(_DB) if _DB else None, **_COMMON)
-settings.register_profile("smoke", max_examples=2, derandomize=True,
-                          database=DirectoryBasedExampleDatabase(_DB) if _DB else None, **_COMMON)
+_DB = DirectoryBasedExampleDatabase(os.environ["LMCACHE_PBT_DB"]) if os.environ.get("LMCACHE_PBT_DB") else None
+settings.register_profile("ci", max_examples=10, derandomize=True, database=_DB, **_COMMON)
+settings.register_profile("smoke", max_examples=2, derandomize=True, database=_DB, **_COMMON)
 settings.register_profile("nightly", max_examples=200, **_COMMON)
 settings.register_profile("selfcheck", max_examples=200, derandomize=True, database=None,
                           phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,

@@ -61,10 +61,7 @@ class Property:
     def on(self, kv_device: str, **kw) -> st.SearchStrategy[Workload]:
         """The property's strategy with the KV caches on `kv_device` (fixtures.devices:
         "cpu", "cuda", "cuda-tp4"); the one switch between the CPU and the GPU path."""
-        d = KV_DEVICES[kv_device]
-        if d.tps is not None:
-            kw["tps"] = d.tps
-        return self.strategy(device=d.device, **kw)
+        return self.strategy(**KV_DEVICES[kv_device].strategy_kwargs(), **kw)
 
 
 PROPERTIES = {

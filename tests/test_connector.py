@@ -35,7 +35,7 @@ def on_device(case: ConnectorCase, kv_device: str) -> ConnectorCase:
     """The case with its KV caches on `kv_device` (fixtures.devices); cuda-tp4 runs the
     attention-only models at TP4 (GDN models keep their TP: one KV head per rank)."""
     d = KV_DEVICES[kv_device]
-    tp = d.tps[0] if d.tps and case.shape.family != "qwen3_next" else case.tp
+    tp = case.tp if case.shape.family == "qwen3_next" else d.tp_for(case.tp)
     return replace(case, device=d.device, tp=tp)
 
 
@@ -57,9 +57,8 @@ def check_case(harness, case: ConnectorCase, names=ci.ALL):
 @given(data=st.data())
 def test_engine_is_told_exactly_what_is_restored(harness, family, kv_device, data):
     """Every invariant, generated layouts of one family, TP 1/2/4, +/- separate object groups."""
-    d = KV_DEVICES[kv_device]
-    kw = {"tps": d.tps} if d.tps else {}
-    check_case(harness, data.draw(connector_cases(families=(family,), device=d.device, **kw), label="case"))
+    kw = KV_DEVICES[kv_device].strategy_kwargs()
+    check_case(harness, data.draw(connector_cases(families=(family,), **kw), label="case"))
 
 
 @pytest.mark.parametrize("shape,tp", [(LLAMA, 1), (LLAMA, 4), (GEMMA, 2), (QWEN3_NEXT, 2)],

@@ -28,7 +28,7 @@ def test_bug_report_bracket(harness, kv_device, chunks):
 
     d = KV_DEVICES[kv_device]
     w = Workload(
-        server=ServerOptions(chunk_size=784), tp=d.tps[0] if d.tps else 2, mode="lmcache_driven", device=d.device,
+        server=ServerOptions(chunk_size=784), tp=d.tp_for(2), mode="lmcache_driven", device=d.device,
         layout=KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=8, dtype="bf16", block_size=16),
         stores=(StoreSpec(PromptSpec(0, chunks * 784), steps=tuple(range(16, chunks, 16))),),
         query=PromptSpec(0, chunks * 784),
