@@ -1,0 +1,75 @@
+"""Where a hit is served from, and a looked-up hit under eviction (fixtures.tiers).
+
+* tier_attribution: the lookup's L1/L2 counters book each hit chunk to the tier that served it
+  (fs L2 server: store, write through, clear L1, store a prefix again, look up + retrieve);
+* locks_hold: chunks a lookup read-locked survive L1 eviction until their retrieve.
+
+Each has a self-check (marker selfcheck): a fault in the server's own code is found by the
+property's Hypothesis search and shrunk to the bound stated; the shrunk case is an @example.
+"""
+
+import pytest
+from hypothesis import example, given, settings, target
+
+from fixtures.kvmodel import KVLayout
+from fixtures.scenario import PromptSpec
+from fixtures.server import ServerOptions
+from fixtures.tiers import (HOLD_SERVER, TIER_SERVER, HoldCase, TierCase, check_hold, check_tiers, hold_property,
+                            run_hold, run_tiers, tier_property)
+from strategies.tiers import hold_cases, tier_cases
+from tests.properties import budget
+from tests.selfchecks import search_for_failure
+
+TINY = KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4)
+
+
+@settings(max_examples=budget(1.5))
+@given(case=tier_cases())
+# the shrunk case of the self-check below: one chunk, served by L2 only
+@example(case=TierCase(1, "lmcache_driven", TINY, 1, 0, PromptSpec(0, 16)))
+# partly L1, partly L2, TP2, and a query one token past the stored prompt
+@example(case=TierCase(2, "lmcache_driven", TINY, 4, 2, PromptSpec(0, 65)))
+@example(case=TierCase(2, "engine_driven", TINY, 3, 3, PromptSpec(0, 47)))
+def test_each_hit_chunk_is_booked_to_the_tier_that_served_it(harness, case):
+    obs = tier_property(harness, case)
+    c = case.server.chunk_size
+    target(obs.hit / c, label="hit chunks")
+    target(obs.deltas["lmcache_mp_lookup_hit_l2_tokens_total"] / c, label="L2 hit chunks")
+
+
+@settings(max_examples=budget(0.6))
+@given(case=hold_cases())
+# the shrunk case of the self-check below
+@example(case=HoldCase(1, "lmcache_driven", TINY, PromptSpec(0, 16)))
+@example(case=HoldCase(2, "engine_driven", TINY, PromptSpec(0, 8 * 16 + 1)))
+def test_a_held_hit_survives_eviction_until_its_retrieve(harness, case):
+    obs = hold_property(harness, case)
+    target(obs.hit / case.server.chunk_size, label="held chunks")
+
+
+SELF_CHECKS = [
+    # fault, property, strategy, run+check, bound on the shrunk case, bound text
+    ("l2_hits_booked_as_l1", "tier_attribution", tier_cases, lambda h, x: check_tiers(run_tiers(h, x)), TIER_SERVER,
+     lambda x: x.tp == 1 and x.stored == 1 and x.in_l1 == 0 and x.hit_chunks() == 1,
+     "TP1, one stored chunk, served by L2"),
+    ("evict_locked", "locks_hold", hold_cases, lambda h, x: check_hold(run_hold(h, x)), HOLD_SERVER,
+     lambda x: x.tp == 1 and x.prompt.length // x.server.chunk_size == 1,
+     "TP1, a 1-chunk prompt held"),
+]
+
+
+@pytest.mark.selfcheck
+@pytest.mark.parametrize("fault,prop,strategy,body,server,bound,bound_text", SELF_CHECKS,
+                         ids=[f"{f}->{p}" for f, p, *_ in SELF_CHECKS])
+def test_tier_and_lock_faults_are_caught_and_shrunk(harness, fault, prop, strategy, body, server, bound, bound_text):
+    opts = ServerOptions(**{**server.__dict__, "faults": (fault,)})
+    try:
+        caught, failures, n, secs, first = search_for_failure(strategy(server=opts), lambda x: body(harness, x),
+                                                              max_examples=60)
+    finally:
+        harness.release(opts)
+    assert caught, f"fault {fault} was NOT caught by {prop} in {n} examples"
+    minimal, violations = failures[-1]
+    print(f"\n{fault}->{prop}: caught after {first:.1f} s, shrunk in {secs:.0f} s over {n} runs to:\n  "
+          + minimal.describe().replace("\n", "\n  ") + "\n  violations: " + "; ".join(violations[:3]))
+    assert bound(minimal), f"{fault} was caught but shrank only to:\n{minimal.describe()}\nexpected: {bound_text}"
