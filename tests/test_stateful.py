@@ -57,6 +57,10 @@ STATEFUL_FAULTS = [
     # fault, the bound on the shrunk program (steps, excluding new_prompt)
     ("l2_drops_last_chunk", 5),
     ("lookup_counts_inflight:1000", 4),
+    # store, settle_l2, clear_l1, a lookup served by L2 booked to L1
+    ("l2_hits_booked_as_l1", 4),
+    # store, lookup_and_hold, fill_l1 (evicts the held chunks), retrieve_held
+    ("evict_locked", 4),
 ]
 
 
