@@ -1,0 +1,49 @@
+"""The real vLLM engine (CPU build) over LMCache: what the user sees must not change.
+
+Each example runs fixtures.engine_flow's flow (cold alone / store / vLLM's own
+prefix-cache hit / reset_prefix_cache + warm from LMCache) on a real
+`vllm.LLM` with LMCacheMPConnector against the suite's `lmcache server`, and
+checks: warm == cold and warm == vLLM's prefix-cache hit, token ids and
+logprobs bit for bit; the engine's hit counters agree with the server's hit and
+what it moved; nothing fails, hangs or crashes. Failures shrink and write an
+`engine` repro (`python -m fixtures.replay FILE` runs it on a fresh engine).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from fixtures import repro
+from fixtures.engine_flow import CHECKS, check, report, run_engine_case
+from fixtures.observe import event
+from fixtures.real_engine import EngineOptions
+from strategies.engine import engine_cases
+from tests.properties import budget
+
+pytestmark = pytest.mark.engine
+
+DENSE = {m: EngineOptions("llama-tiny", m, chunk=64) for m in ("lmcache_driven", "engine_driven")}
+# Hybrid GDN + attention: lmcache_driven only (engine_driven refuses hybrid KV cache groups by
+# design), --separate-object-groups, vLLM's own hybrid block size.
+HYBRID = EngineOptions("qwen3next-tight", "lmcache_driven", chunk=256, block_size=None, separate_object_groups=True)
+
+
+def run_and_check(pool, case, names=CHECKS):
+    obs = run_engine_case(pool, case)
+    event(f"batch of {len(case.prompts)}, step {'max' if case.step is None else case.step}, {case.settle}")
+    found = check(obs, names)
+    if found:
+        repro.remember("engine", case.to_json(), [str(x) for x in found], names)
+        raise AssertionError(report(obs, found))
+    return obs
+
+
+@pytest.mark.parametrize("mode", sorted(DENSE))
+def test_dense_warm_equals_cold(engine_pool, mode):
+    @settings(max_examples=budget(1.0))
+    @given(case=engine_cases((DENSE[mode],)))
+    def prop(case):
+        run_and_check(engine_pool, case)
+
+    prop()
