@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from fixtures import repro
 from fixtures.engine_flow import CHECKS, check, report, run_engine_case
 from fixtures.observe import event
-from fixtures.real_engine import EngineOptions
+from fixtures.real_engine import EngineOptions, EngineStartError
 from strategies.engine import engine_cases
 from tests.properties import budget
 
@@ -43,6 +43,21 @@ def run_and_check(pool, case, names=CHECKS):
 def test_dense_warm_equals_cold(engine_pool, mode):
     @settings(max_examples=budget(1.0))
     @given(case=engine_cases((DENSE[mode],)))
+    def prop(case):
+        run_and_check(engine_pool, case)
+
+    prop()
+
+
+@pytest.mark.xfail(strict=True, raises=EngineStartError,
+                   reason="known LMCache 0.5.6 limit: a hybrid (GDN + attention) vLLM engine cannot register its KV "
+                          "cache on CPU (lmcache_driven: vLLM's padded Mamba state views are not contiguous, "
+                          "migrate_to_shm_and_wrap refuses them; engine_driven refuses hybrid KV cache groups)")
+def test_hybrid_warm_equals_cold(engine_pool):
+    """The same property on a tiny Qwen3-Next (GDN + attention). Pinned: registration fails, so no
+    example runs; when LMCache accepts the layout this XPASSes (strict) and the property runs."""
+    @settings(max_examples=budget(0.5))
+    @given(case=engine_cases((HYBRID,), max_chunks=3, max_batch=1))
     def prop(case):
         run_and_check(engine_pool, case)
 
