@@ -12,10 +12,12 @@ what it moved; nothing fails, hangs or crashes. Failures shrink and write an
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+import random
+
+from hypothesis import example, given, settings
 
 from fixtures import repro
-from fixtures.engine_flow import CHECKS, check, report, run_engine_case
+from fixtures.engine_flow import CHECKS, EngineCase, check, report, run_engine_case
 from fixtures.observe import event
 from fixtures.real_engine import EngineOptions, EngineStartError
 from strategies.engine import engine_cases
@@ -39,10 +41,27 @@ def run_and_check(pool, case, names=CHECKS):
     return obs
 
 
+def _ids(n: int, seed: int = 0) -> tuple[int, ...]:
+    r = random.Random(seed)
+    return tuple(r.randrange(3, 500) for _ in range(n))
+
+
+def _case(opts, lens, about, step=None):
+    return EngineCase(opts, tuple(_ids(n) for n in lens), step=step, about=about)
+
+
 @pytest.mark.parametrize("mode", sorted(DENSE))
 def test_dense_warm_equals_cold(engine_pool, mode):
+    o = DENSE[mode]
+
     @settings(max_examples=budget(1.0))
-    @given(case=engine_cases((DENSE[mode],)))
+    @given(case=engine_cases((o,)))
+    # shrunk cases: skip_retrieve_after:1 (2C), connector_tells_one_less (1C), the split-point
+    # finding (4C-1: hit 3C, 63 tokens computed), the batch non-invariance finding (3C twice)
+    @example(case=_case(o, (128,), ("2C+0",)))
+    @example(case=_case(o, (64,), ("1C+0",)))
+    @example(case=_case(o, (255,), ("4C-1",)))
+    @example(case=_case(o, (192, 192), ("3C+0", "same as #0")))
     def prop(case):
         run_and_check(engine_pool, case)
 
