@@ -4,12 +4,19 @@ Each fault (fixtures/faults.py) runs under test_engine.py's own strategy and che
 engine + server of its own, and must be caught and shrunk to the stated bound:
 
 - skip_retrieve_after:1 (server): a retrieve silently transfers only its first chunk;
-- swap_retrieved_chunks:1 (server): chunks 1 and 2 land in each other's blocks;
 - connector_tells_one_less (in the engine process, where vLLM's scheduler-side
   LMCacheMPConnector lives): vLLM is told N-1 tokens while N are loaded.
 
 The server faults patch LMCache's lmcache_driven transfer path (the server writes into
 the engine's KV cache), so they run on a lmcache_driven engine.
+
+Not here, on purpose: swap_retrieved_chunks:1 (chunks 1 and 2 land in each other's
+blocks). The engine's output does not change (not caught in 30 cases; a lone 193- and
+256-token prompt give warm == cold bit for bit): keys carry their position (RoPE is
+applied before they are cached) and every query vLLM computes after a hit comes after
+all restored positions, so attention over the restored keys is a sum over (key, value)
+pairs that does not depend on which slot holds which chunk. Only the connector tier's
+byte-level bit identity (tests/test_selfchecks.py) can see it.
 """
 
 from __future__ import annotations
@@ -54,8 +61,6 @@ class EngineSelfCheck:
 CHECKS = [
     EngineSelfCheck("skip_retrieve_after:1", ("warm_equals_cold",), 2,
                     "one prompt of 2 chunks (+1 token): the smallest hit with a chunk past the first"),
-    EngineSelfCheck("swap_retrieved_chunks:1", ("warm_equals_cold",), 3,
-                    "one prompt of 3 chunks (+1 token): chunks 1 and 2 swapped"),
     EngineSelfCheck("connector_tells_one_less", ("hits",), 2,
                     "one prompt of at most 2 chunks (+1 token)", client=True),
 ]
