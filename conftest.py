@@ -175,3 +175,19 @@ def pytest_collection_modifyitems(config, items):
             reason = gpu_skip_reason(need, share=config.getoption("--gpu-share"))
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def engine_pool(harness):
+    """Real vLLM engines (fixtures.real_engine), one per option set, for this xdist worker.
+    Skips with one line when the engine environment (.venv-engine) is not built."""
+    from fixtures.real_engine import EnginePool, skip_reason
+
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+    pool = EnginePool(harness)
+    try:
+        yield pool
+    finally:
+        pool.close()

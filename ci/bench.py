@@ -3,6 +3,7 @@
     .venv/bin/python ci/bench.py                 # everything, ~5-10 min on 2 cores
     .venv/bin/python ci/bench.py --examples 20 --only hit_accounting,long_prefix --faults none
     .venv/bin/python ci/bench.py --json bench-results/bench.json
+    .venv/bin/python ci/bench.py --engine-only --examples 10   # the real-engine tier only
 
 Measured, not asserted: the table is for people (and the issue notes). Each
 property runs `--examples` generated examples (derandomized: the same ones
@@ -89,6 +90,73 @@ def bench_fault(harness, check) -> dict:
     }
 
 
+def bench_engine(harness, examples: int, faults: bool) -> dict:
+    """The real-engine tier (tests/test_engine*.py): engine start, examples/s on a warm engine
+    per transfer mode, and each engine self-check's time to first failure and to the shrunk case."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from fixtures.engine_flow import check, run_engine_case
+    from fixtures.real_engine import EnginePool, skip_reason
+    from strategies.engine import engine_cases
+    from tests.test_engine import DENSE
+
+    why = skip_reason()
+    if why:
+        print(f"engine tier skipped: {why}")
+        return {"skipped": why}
+    pool = EnginePool(harness)
+    out: dict = {"modes": []}
+    try:
+        for mode, opts in sorted(DENSE.items()):
+            t = time.monotonic()
+            eng = pool.get(opts)
+            start = {"wall_s": round(time.monotonic() - t, 1), "llm_init_s": eng.info.get("start_s")}
+            times: list[float] = []
+
+            @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+                      phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+            @given(case=engine_cases((opts,)))
+            def run(case):
+                t1 = time.monotonic()
+                found = check(run_engine_case(pool, case))
+                times.append(time.monotonic() - t1)
+                assert not found, found
+
+            run()
+            row = {"mode": mode, "engine_start_s": start["wall_s"], "llm_init_s": start["llm_init_s"],
+                   "examples": len(times), "examples_per_s": round(len(times) / sum(times), 2),
+                   "median_s": round(statistics.median(times), 2), "max_s": round(max(times), 2)}
+            out["modes"].append(row)
+            print(table([row], list(row)), flush=True)
+        if faults:
+            from tests.test_engine_selfchecks import CHECKS
+            from tests.selfchecks import search_for_failure
+
+            frows = []
+            for sc in CHECKS:
+                opts = sc.options()
+                t = time.monotonic()
+                try:
+                    caught, failures, n, secs, first = search_for_failure(
+                        engine_cases((opts,), max_chunks=4, max_batch=2),
+                        lambda case: check(run_engine_case(pool, case), sc.checks), max_examples=sc.max_examples)
+                finally:
+                    pool.release(opts)
+                minimal = failures[-1][0] if failures else None
+                frows.append({"fault": sc.fault, "checks": "+".join(sc.checks), "caught": caught,
+                              "first_failure_s": round(first, 1) if first else None, "shrunk_s": round(secs, 1),
+                              "runs": n, "within_bound": bool(minimal is not None and sc.small(minimal)),
+                              "shrunk_to": minimal.describe() if minimal else None})
+                print(f"{sc.id}: first failure {frows[-1]['first_failure_s']} s (engine + server start included), "
+                      f"shrunk {frows[-1]['shrunk_s']} s, wall {time.monotonic() - t:.0f} s", flush=True)
+            out["faults"] = frows
+            print("\nengine self-checks\n" + table(frows, ["fault", "checks", "caught", "first_failure_s", "shrunk_s",
+                                                          "runs", "within_bound"]))
+    finally:
+        pool.close()
+    return out
+
+
 def table(rows: list[dict], cols: list[str]) -> str:
     widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
     line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
@@ -105,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", default="all", help="'all', 'none', or comma-separated fault ids")
     ap.add_argument("--server-starts", type=int, default=3)
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--engine", action="store_true", help="also bench the real-engine tier (.venv-engine)")
+    ap.add_argument("--engine-only", action="store_true", help="only the real-engine tier")
     a = ap.parse_args(argv)
 
     from fixtures.engine import RankPool
@@ -114,6 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     from tests.selfchecks import SELF_CHECKS
 
     results: dict = {}
+    if a.engine_only:
+        harness = Harness(ServerPool(max_running=4), RankPool(size=1))
+        try:
+            results["engine"] = bench_engine(harness, a.examples, a.faults != "none")
+        finally:
+            harness.close()
+        if a.json:
+            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     starts = bench_server_start(a.server_starts) if a.server_starts else []
     if starts:
         results["server_start_s"] = {"n": len(starts), "median": round(statistics.median(starts), 2),
@@ -147,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             results["faults"] = frows
             print("\ntime to first failure under each injected fault (includes the fault server's start)\n"
                   + table(frows, ["fault", "property", "caught", "first_failure_s", "shrunk_s", "runs", "within_bound"]))
+        if a.engine:
+            results["engine"] = bench_engine(harness, a.examples, a.faults != "none")
     finally:
         harness.close()
     if a.json:

@@ -3,6 +3,9 @@
     python ci/pins.py torch        -> torch==2.13.0
     python ci/pins.py main         -> every [project].dependencies pin except torch
     python ci/pins.py no-deps      -> [tool.lmcache-pbt].no-deps
+    python ci/pins.py engine-torch -> the engine environment's torch pin
+    python ci/pins.py engine       -> the rest of [tool.lmcache-pbt].engine
+    python ci/pins.py engine-remove-> what ci/setup.sh uninstalls from the engine environment
     python ci/pins.py EXTRA ...    -> the pins of [project.optional-dependencies].EXTRA
 """
 
@@ -22,6 +25,12 @@ def pins(step: str) -> list[str]:
         return [d for d in deps if not d.startswith("torch==")]
     if step == "no-deps":
         return list(data["tool"]["lmcache-pbt"]["no-deps"])
+    if step == "engine-torch":
+        return [d for d in data["tool"]["lmcache-pbt"]["engine"] if d.startswith("torch==")]
+    if step == "engine":
+        return [d for d in data["tool"]["lmcache-pbt"]["engine"] if not d.startswith("torch==")]
+    if step == "engine-remove":
+        return list(data["tool"]["lmcache-pbt"]["engine-remove"])
     extras = data["project"]["optional-dependencies"]
     if step not in extras:
         raise SystemExit(f"ci/pins.py: unknown step {step!r} (torch, main, no-deps, {', '.join(extras)})")

