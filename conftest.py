@@ -61,6 +61,14 @@ def pytest_configure(config):
         preflight.check_core()
     except SuiteError as e:
         pytest.exit(f"lmcache-pbt: {e}", returncode=4)
+    # Probe the build once, here in the controller before xdist starts its workers
+    # (they then read the cached result; fixtures.capabilities).
+    from fixtures import capabilities
+
+    try:
+        capabilities.get()
+    except Exception as e:  # noqa: BLE001
+        pytest.exit(f"lmcache-pbt: {e}", returncode=4)
     url, http = config.getoption("--lmcache-url"), config.getoption("--lmcache-http")
     if (url is None) != (http is None):
         raise pytest.UsageError("--lmcache-url and --lmcache-http go together")
@@ -83,7 +91,13 @@ def pytest_configure(config):
 def pytest_report_header(config):
     prof = config.getoption("hypothesis_profile", default=None) or DEFAULT_PROFILE
     where = config.getoption("--lmcache-url") or "a fresh `lmcache server` per option set, per xdist worker"
-    return [f"lmcache-pbt: hypothesis profile {prof}; server: {where}"]
+    from fixtures import capabilities
+
+    try:
+        build = capabilities.get().header()
+    except Exception as e:  # noqa: BLE001 -- the header must not be what fails the run
+        build = f"capability probe failed: {e}"
+    return [f"lmcache-pbt: {build}", f"lmcache-pbt: hypothesis profile {prof}; server: {where}"]
 
 
 # ---------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def workloads(
     layouts=None,
     settles: tuple[str, ...] = ("settled", "immediate"),
     server: ServerOptions = ServerOptions(),
-    reserve_last_token: st.SearchStrategy[bool] = st.booleans(),
+    reserve_last_token: st.SearchStrategy[bool] | None = None,
     query_kinds: tuple[str, ...] = QUERY_KINDS,
     device: str = "cpu",
 ) -> Workload:
@@ -139,10 +139,18 @@ def workloads(
         layout=layout,
         stores=stores,
         query=query,
-        reserve_last_token=draw(reserve_last_token),
+        reserve_last_token=draw(reserve_last_token if reserve_last_token is not None else reserve_last_tokens()),
         settle=draw(st.sampled_from(settles)),
         device=device,
     )
+
+
+def reserve_last_tokens() -> st.SearchStrategy[bool]:
+    """Both values where the build's scheduler adapter takes `reserve_last_token`
+    (fixtures.capabilities), else only the default False."""
+    from fixtures import capabilities as caps
+
+    return st.booleans() if caps.has("reserve_last_token") else st.just(False)
 
 
 @st.composite
@@ -169,7 +177,7 @@ def long_prefix_workloads(draw, *, chunk: int = 784, min_chunks: int = 100, max_
         layout=layout,
         stores=(store,),
         query=PromptSpec(0, qlen),
-        reserve_last_token=draw(st.booleans()),
+        reserve_last_token=draw(reserve_last_tokens()),
         settle="settled",
         device=device,
     )

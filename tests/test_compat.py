@@ -1,0 +1,68 @@
+"""The build-compatibility layer: capability probe, version-aware known issues, matrix report.
+
+Cheap (no server): the probe result is the session's cached one (fixtures.capabilities).
+"""
+
+from __future__ import annotations
+
+import pytest
+from packaging.version import Version
+
+from fixtures import capabilities, known_issues, matrix, preflight
+
+
+def test_probe_reports_the_installed_build():
+    c = capabilities.get()
+    assert c.versions["lmcache"] == preflight.installed("lmcache")
+    assert c.has("server_cli"), c.why("server_cli")
+    assert set(c.transfer_modes) >= {"lmcache_driven", "engine_driven"}
+    header = c.header()
+    for name in ("lmcache", "vllm", "torch", "hypothesis"):
+        assert f"{name} " in header
+    # every capability the harness asks for is either present or missing with a reason
+    for cap in (*capabilities.SERVER_FLAGS, *capabilities.PATHS, *capabilities.ARGS, *capabilities.HTTP):
+        assert c.has(cap) or c.why(cap), cap
+
+
+def test_a_missing_capability_skips_in_one_line():
+    c = capabilities.Capabilities(versions={"lmcache": "0.5.0"}, lmcache_path="", have=frozenset({"server_cli"}),
+                                  missing={"server_module": "`lmcache server` has no --server-module flag"})
+    reason = c.skip_reason("server_module")
+    assert reason == ("needs capability server_module: `lmcache server` has no --server-module flag "
+                      "(lmcache 0.5.0)")
+    assert "\n" not in reason and c.skip_reason("server_cli") is None
+
+
+@pytest.mark.parametrize("version, builds, expected", [
+    ("0.5.6", "==0.5.6", True),
+    ("0.5.6+local", "==0.5.6", True),
+    ("0.5.6.dev7", "==0.5.6", False),
+    ("0.5.6.dev7", ">=0.5.5,<0.5.7", True),
+    ("0.5.5", "==0.5.6", False),
+    ("0.5.7", ">=0.5.1,<=0.5.6", False),
+    ("0.5.1", ">=0.5.1,<=0.5.6", True),
+])
+def test_known_issue_ranges_are_compared_with_packaging(version, builds, expected):
+    assert known_issues.holds_on(builds, Version(version)) is expected
+
+
+def test_any_lmcache_from_0_5_0_passes_preflight(monkeypatch):
+    for have, ok in (("0.5.0", True), ("0.5.3", True), ("0.5.6.dev7", True), ("0.6.0+local", True),
+                     ("0.4.9", False)):
+        monkeypatch.setattr(preflight, "installed", lambda name, have=have: have if name == "lmcache" else "x")
+        assert (preflight.problems(("lmcache",)) == []) is ok, have
+
+
+def test_matrix_cells_are_one_line():
+    failure = """AssertionError: 2 invariant violation(s):
+  [hit_transferred] rank 0: hit 48 tokens = 3 blocks, but the retrieve wrote 2 blocks fully
+  [bytes_moved] rank 0: the server reports 768 bytes
+workload:
+  server chunk=16 l1=0.25GB; engine TP1 lmcache_driven
+  store 0: seed 0: 48 tokens (3 chunks); steps [0,48); all ranks
+  lookup: seed 0: 48 tokens (3 chunks); reserve_last_token=False; settle=settled
+"""
+    line = matrix._one_line(failure, limit=1000)
+    assert line.startswith("[hit_transferred] rank 0: hit 48 tokens")
+    assert "store 0: seed 0: 48 tokens" in line and "\n" not in line
+    assert matrix._one_line("HarnessError: rank 0 failed 'open'\nTraceback ...") == "HarnessError: rank 0 failed 'open'"
