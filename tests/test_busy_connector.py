@@ -1,0 +1,206 @@
+"""The connector under a busy engine (fixtures/busy_connector.py): many requests,
+preemption, aborts, block pressure, settle timing, a server restart with L2.
+
+The machine runs vLLM's real Scheduler with a KV block pool too small for every
+request at once, the real LMCacheMPConnector in both roles (one WORKER-role
+connector per TP rank process), and the real server (fs L2). Every step checks
+[computed] [told] [stores] [locks] [counters] [l2] (see the module docstring).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from fixtures import repro
+from fixtures.errors import HarnessError
+from fixtures.busy_connector import RULES, BusyConfig, Recorder, _step_text, fails, machine_for, run_program
+from fixtures.scenario import PromptSpec
+from fixtures.vllm_model import ModelShape
+from tests.properties import budget
+
+pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
+pytestmark = [pytest.mark.connector, pytest.mark.stateful, pytest.mark.busy]
+if not os.environ.get("LMCACHE_PBT_BUSY"):
+    # Issue 13 is open: the tier's self-checks are not calibrated yet and a cold start (four
+    # rank processes importing vLLM) takes minutes on 2 cores; run it with LMCACHE_PBT_BUSY=1.
+    pytestmark.append(pytest.mark.skip(reason="busy-connector tier is opt-in until calibrated: LMCACHE_PBT_BUSY=1"))
+
+#: steps per generated program (examples per run come from the profile's budget)
+STEPS = int(os.environ.get("LMCACHE_PBT_BUSY_STEPS", "25"))
+
+LAYOUTS = {
+    # dense attention, TP 1/2/4; LMCache chunk = 2 blocks of 16
+    # (mamba_cache_mode "none": LMCache 0.5.6 applies its Mamba step-alignment bound,
+    # max_num_batched_tokens >= block, to any model whose cache config says "align")
+    "dense": BusyConfig(ModelShape("llama", 2, ("full", "full"), num_kv_heads=4, head_dim=16, block_size=16,
+                                   mamba_cache_mode="none"),
+                        tps=(1, 2, 4), chunk_multiple=2),
+    # sliding window (2 blocks) + full attention, separate object groups
+    "sliding": BusyConfig(ModelShape("gemma3_text", 2, ("sliding", "full"), num_kv_heads=2, head_dim=16,
+                                     block_size=16, sliding_window=32, mamba_cache_mode="none"),
+                          tps=(1, 2), chunk_multiple=2, separate_object_groups=True),
+    # hybrid GDN + full attention (vLLM's page alignment picks the block), one KV head per rank
+    # (LMCache 0.5.6's CPU SHM path needs contiguous views: tests/test_known_issues.py)
+    "hybrid-gdn": BusyConfig(ModelShape("qwen3_next", 4, ("gdn", "gdn", "gdn", "full"), num_kv_heads=2,
+                                        linear_key_heads=2, linear_value_heads=4, mamba_cache_mode="align"),
+                             tps=(2,), chunk_multiple=1, separate_object_groups=True, max_chunks=3),
+}
+
+
+def tour(cfg: BusyConfig) -> list[tuple[str, dict]]:
+    """A fixed program that fires every rule where each has something to act on."""
+    c = cfg.chunk
+    p = PromptSpec(0, 3 * c)            # exactly 3 chunks
+    q = PromptSpec(0, 3 * c + 1)        # the same family, one token more
+    r = PromptSpec(1, 2 * c - 1)        # another family, one token short of 2 chunks
+    s = PromptSpec(0, 2 * c + 5, (c + 3,))  # shares chunk 0 with p, diverges in chunk 1
+    return [
+        ("start", {"tp": cfg.tps[-1], "budget": c + 1}),
+        ("add_request", dict(p=p, tenant="t0", max_tokens=1)),
+        ("step", dict(wait_ms=0, n=3)),           # lookup not ready, then prefill steps
+        ("add_request", dict(p=q, tenant="t0", max_tokens=3)),
+        ("add_request", dict(p=r, tenant="t1", max_tokens=3)),
+        ("step", dict(wait_ms=50, n=3)),          # two requests share the budget
+        ("preempt_all", {}),
+        ("step", dict(wait_ms=5, n=2)),
+        ("add_request", dict(p=s, tenant="t0", max_tokens=1)),
+        ("abort", dict(i=0)),
+        ("drain", {}),
+        ("reset_prefix_cache", {}),
+        ("add_request", dict(p=q, tenant="t0", max_tokens=1)),   # served from LMCache
+        ("add_request", dict(p=p, tenant="t1", max_tokens=1)),   # another tenant: a miss
+        ("drain", {}),
+        ("restart_server", {}),
+        ("reset_prefix_cache", {}),
+        ("add_request", dict(p=q, tenant="t0", max_tokens=1)),   # from L2 after the restart
+        ("drain", {}),
+    ]
+
+
+@pytest.fixture
+def busy_machine(harness):
+    made = []
+
+    def make(cfg: BusyConfig, recorder: Recorder | None = None):
+        made.append(cfg)
+        return machine_for(harness, cfg, recorder)
+
+    try:
+        yield make
+    finally:
+        for cfg in made:
+            harness.release(cfg.server())
+
+
+@contextlib.contextmanager
+def supported():
+    """Skip (one line) when this build cannot register the layout's KV caches at all."""
+    try:
+        yield
+    except HarnessError as e:
+        if "requires a contiguous tensor" in str(e):
+            pytest.skip("this build's LMCache CPU SHM path rejects vLLM's non-contiguous GDN state views "
+                        "(register_kv_caches: migrate_to_shm_and_wrap requires a contiguous tensor)")
+        raise
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_busy_tour_fires_every_rule(busy_machine, layout):
+    """Every rule, in an order where each acts on something; every check after every step."""
+    cfg = LAYOUTS[layout]
+    rec = Recorder()
+    t0 = time.monotonic()
+    with supported():
+        run_program(busy_machine(cfg, rec), tour(cfg))
+    secs = time.monotonic() - t0
+    missing = [r for r in RULES if r != "new_prompt" and not rec.fired.get(r)]
+    print(f"\n{layout}: tour of {len(tour(cfg))} rules, {rec.steps} engine steps in {secs:.1f} s")
+    assert not missing, f"the tour did not fire {missing}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_busy_engine_histories(busy_machine, layout):
+    """Generated programs: interleaved requests of shared-prefix families, steps at any
+    token budget, aborts, preemption, resets, settle timing, a restart with L2."""
+    cfg = LAYOUTS[layout]
+    rec = Recorder()
+    t0 = time.monotonic()
+    with supported():
+        run_state_machine_as_test(busy_machine(cfg, rec), settings=settings(
+            settings.default, max_examples=budget(1), stateful_step_count=STEPS, deadline=None))
+    secs = time.monotonic() - t0
+    counts = ", ".join(f"{r}={rec.fired.get(r, 0)}" for r in RULES)
+    print(f"\nbusy {layout}: rules fired over {budget(1)} programs: {counts}\n"
+          f"{rec.steps} engine steps in {secs:.0f} s: {rec.steps / secs:.2f} steps/s, "
+          f"{sum(rec.fired.values()) / secs:.2f} rules/s (every check after every step included)")
+
+
+# ---------------------------------------------------------------------------
+# Self-checks: a fault in the real connector / server, found by Hypothesis' own
+# search over the machine, shrunk to a few steps; the shrunk programs live on below.
+# ---------------------------------------------------------------------------
+
+DENSE_TP1 = BusyConfig(LAYOUTS["dense"].shape, tps=(1,), chunk_multiple=2)
+
+
+@dataclass(frozen=True)
+class BusySelfCheck:
+    fault: str
+    where: str  # "scheduler" (patched in this process) or "server"
+    tag: str  # the check that must catch it
+    max_steps: int  # bound on the shrunk program (rules, prompts and the engine start not counted)
+
+    def config(self) -> BusyConfig:
+        if self.where == "scheduler":
+            return replace(DENSE_TP1, scheduler_faults=(self.fault,))
+        return replace(DENSE_TP1, server_faults=(self.fault,))
+
+
+SELF_CHECKS = [
+    # (a) the stored watermark advances again when vLLM asks twice (blocks short)
+    BusySelfCheck("stored_watermark_twice", "scheduler", "stores", 8),
+    # (b) a preempted request's lookup locks are never freed
+    BusySelfCheck("preempted_lookup_locks_kept", "scheduler", "locks", 8),
+    # (c) a load writes past its range into the blocks after it (another request's)
+    BusySelfCheck("retrieve_overrun", "server", "computed", 8),
+]
+
+
+def _counted(steps: list[dict]) -> list[dict]:
+    return [s for s in steps if s["rule"] not in ("start", "new_prompt")]
+
+
+@pytest.mark.selfcheck
+@pytest.mark.skip(reason="not calibrated yet: the first search (40 programs) with stored_watermark_twice was caught "
+                         "by [l2] (a post-restart lookup hit 0 of 64 settled tokens), not [stores]; unverified")
+@pytest.mark.parametrize("check", SELF_CHECKS, ids=lambda c: c.fault)
+def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
+    cfg = check.config()
+    rec = Recorder()
+    M = busy_machine(cfg, rec)
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError) as ei:
+        run_state_machine_as_test(M, settings=settings(
+            max_examples=int(os.environ.get("LMCACHE_PBT_BUSY_SELFCHECK_EXAMPLES", "60")),
+            stateful_step_count=int(os.environ.get("LMCACHE_PBT_BUSY_SELFCHECK_STEPS", "20")), deadline=None,
+            derandomize=True, database=None, report_multiple_bugs=False, print_blob=False,
+            phases=[Phase.explicit, Phase.generate, Phase.shrink],
+            suppress_health_check=list(HealthCheck)))
+    secs = time.monotonic() - t0
+    why = str(ei.value).split("\nprogram:")[0]
+    payload = repro.take(repro._current_test[0])  # the last (shrunk) failing program the machine recorded
+    assert payload is not None, f"{check.fault}: the failure did not come from the machine's checks: {why}"
+    steps = _counted(payload["case"]["steps"])
+    text = " -> ".join(_step_text(s, cfg.chunk) for s in steps)
+    print(f"\n{check.fault}: caught by [{check.tag}] and shrunk in {secs:.0f} s ({rec.steps} engine steps) to "
+          f"{len(steps)} steps:\n  {text}\n  {why}")
+    assert why.startswith(f"[{check.tag}]"), f"{check.fault}: caught by another check: {why}"
+    assert len(steps) <= check.max_steps, f"{check.fault}: shrank only to {len(steps)} steps: {text}"
