@@ -190,10 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             results["engine"] = bench_engine(harness, a.examples, a.faults != "none")
         finally:
             harness.close()
-        if a.json:
-            os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-            with open(a.json, "w") as f:
-                json.dump(results, f, indent=1)
+        _write_json(a.json, results)
         return 0
     starts = bench_server_start(a.server_starts) if a.server_starts else []
     if starts:
@@ -232,11 +229,15 @@ def main(argv: list[str] | None = None) -> int:
             results["engine"] = bench_engine(harness, a.examples, a.faults != "none")
     finally:
         harness.close()
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+    _write_json(a.json, results)
     return 0
+
+
+def _write_json(path: str | None, results: dict) -> None:
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
