@@ -66,3 +66,15 @@ workload:
     assert line.startswith("[hit_transferred] rank 0: hit 48 tokens")
     assert "store 0: seed 0: 48 tokens" in line and "\n" not in line
     assert matrix._one_line("HarnessError: rank 0 failed 'open'\nTraceback ...") == "HarnessError: rank 0 failed 'open'"
+
+
+def test_every_fault_names_the_code_it_patches():
+    """A fault without a capability entry would skip its self-checks as an "unknown capability"
+    (seen in a clean-clone run for two new faults): every registered fault has one, and on the
+    default build every one of them is present."""
+    from fixtures import faults
+
+    missing = sorted(f"fault:{n}" for n in faults.REGISTRY if f"fault:{n}" not in capabilities.PATHS)
+    assert not missing, f"faults with no entry in fixtures.capabilities.PATHS: {missing}"
+    absent = {n: capabilities.get().why(f"fault:{n}") for n in faults.REGISTRY if not capabilities.has(f"fault:{n}")}
+    assert not absent or preflight.installed("lmcache") != "0.5.6", absent
