@@ -2,7 +2,8 @@
 
 A property is: run a generated workload on the real server and engine, then
 check the named invariants (fixtures.invariants). On a violation it records a
-repro (fixtures.repro) and raises AssertionError with a readable report.
+repro (fixtures.repro) and raises the first broken invariant's own exception type
+(fixtures.verdicts) with a readable report.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Callable
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from fixtures import invariants, repro
+from fixtures import invariants, verdicts
 from fixtures.devices import KV_DEVICES
 from fixtures.observe import event
 from fixtures.scenario import Observation, Workload
@@ -41,8 +42,7 @@ def check_workload(harness, w: Workload, names: tuple[str, ...]) -> Observation:
         event(f"known LMCache 0.5.6 discrepancy: {k}")
     found = invariants.check(obs, names)
     if found:
-        repro.remember("workload", w.to_json(), [str(v) for v in found], names)
-        raise AssertionError(invariants.report(obs, found))
+        verdicts.fail(found, invariants.report(obs, found), kind="workload", case=w.to_json(), names=names)
     return obs
 
 

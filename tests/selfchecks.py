@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import HypothesisException
 
-from fixtures import invariants
+from fixtures import invariants, verdicts
 from fixtures.errors import HarnessError
 from fixtures.scenario import Workload
 from fixtures.server import ServerOptions
@@ -144,7 +144,8 @@ def search_for_failure(strategy, body: Callable, *, max_examples: int, shrink: b
             if stats["first"] is None:
                 stats["first"] = time.monotonic() - t0
             failures.append((x, [str(v) for v in found]))
-            raise AssertionError(f"{len(found)} violations")
+            # the broken invariant's own type: Hypothesis shrinks this bug, not another one
+            raise verdicts.violation_type(found[0].invariant)(f"{len(found)} violations")
 
     caught = False
     try:

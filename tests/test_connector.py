@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import connector_invariants as ci
-from fixtures import repro
+from fixtures import verdicts
 from fixtures.connector import ConnectorCase, run_case
 from fixtures.devices import KV_DEVICES
 from fixtures.observe import event
@@ -47,8 +47,7 @@ def check_case(harness, case: ConnectorCase, names=ci.ALL):
         event(f"note: {n}")
     found = ci.check(obs, names)
     if found:
-        repro.remember("connector", case.to_json(), [str(v) for v in found], names)
-        raise AssertionError(ci.report(obs, found))
+        verdicts.fail(found, ci.report(obs, found), kind="connector", case=case.to_json(), names=names)
     return obs
 
 

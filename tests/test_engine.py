@@ -16,7 +16,7 @@ import random
 
 from hypothesis import example, given, settings
 
-from fixtures import repro
+from fixtures import verdicts
 from fixtures.engine_flow import CHECKS, EngineCase, check, report, run_engine_case
 from fixtures.observe import event
 from fixtures.real_engine import EngineOptions, EngineStartError
@@ -36,8 +36,7 @@ def run_and_check(pool, case, names=CHECKS):
     event(f"batch of {len(case.prompts)}, step {'max' if case.step is None else case.step}, {case.settle}")
     found = check(obs, names)
     if found:
-        repro.remember("engine", case.to_json(), [str(x) for x in found], names)
-        raise AssertionError(report(obs, found))
+        verdicts.fail(found, report(obs, found), kind="engine", case=case.to_json(), names=names)
     return obs
 
 

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from fixtures import repro
-from tests.selfchecks import SELF_CHECKS, hunt
+from tests.selfchecks import SELF_CHECKS, _hit_chunks, _small, hunt
 
 
 @pytest.mark.selfcheck
@@ -39,3 +39,50 @@ def test_injected_fault_is_caught_and_shrunk(harness, check, record_property):
     assert check.bound(result.minimal), (
         f"fault {check.fault} was caught but shrank only to:\n{result.minimal.describe()}\n"
         f"expected: {check.bound_text}")
+
+
+#: two faults at once: the hash ignores each chunk's last token (a prompt changed there hits
+#: one chunk too many: hit_accounting), and a retrieve lands chunks 1 and 2 in each other's
+#: blocks (3+ chunks hit: bit_identity)
+TWO_FAULTS = ("chunk_hash_off_by_one", "swap_retrieved_chunks:1")
+
+
+@pytest.mark.selfcheck
+def test_two_faults_are_reported_as_two_bugs(harness):
+    """One exception type per invariant (fixtures.verdicts): with two faults injected at once,
+    Hypothesis' report_multiple_bugs reports the divergence property's two broken invariants as
+    two failures, each shrunk on its own (neither is shrunk into the other)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from fixtures.server import ServerOptions
+    from fixtures.verdicts import BitIdentityViolation, HitAccountingViolation
+    from tests.properties import PROPERTIES
+
+    opts = ServerOptions(chunk_size=16, faults=TWO_FAULTS)
+    prop = PROPERTIES["divergence"]
+    cases: dict[type, object] = {}
+
+    @settings(max_examples=120, derandomize=True, database=None, deadline=None, report_multiple_bugs=True,
+              print_blob=False, suppress_health_check=list(HealthCheck))
+    @given(w=prop.strategy(server=opts, chunk=st.just(16), modes=("lmcache_driven",)))
+    def divergence(w):
+        try:
+            prop.check(harness, w)
+        except AssertionError as e:
+            cases[type(e)] = w  # the last failing case of each type is its shrunk one
+            raise
+
+    try:
+        with pytest.raises(BaseExceptionGroup) as ei:
+            divergence()
+    finally:
+        harness.release(opts)
+    kinds = sorted(type(e).__name__ for e in ei.value.exceptions)
+    for t, w in sorted(cases.items(), key=lambda kv: kv[0].__name__):
+        print(f"\n{t.__name__}, shrunk to:\n  " + w.describe().replace("\n", "\n  "))
+    assert kinds == sorted([HitAccountingViolation.__name__, BitIdentityViolation.__name__]), kinds
+    # each shrinks as far as it does alone (tests.selfchecks.SELF_CHECKS): 1 chunk and 3 chunks hit
+    assert _small(cases[HitAccountingViolation], 1), cases[HitAccountingViolation].describe()
+    assert _small(cases[BitIdentityViolation], 4) and _hit_chunks(cases[BitIdentityViolation]) == 3, (
+        cases[BitIdentityViolation].describe())
