@@ -22,7 +22,7 @@ out=${ARTIFACTS:-gpu-smoke-out}
 mkdir -p "$out"
 export LMCACHE_PBT_REPRO_DIR="$PWD/$out/repros" LMCACHE_PBT_DB="$PWD/$out/hypothesis-db"
 sel=(tests/test_hits.py tests/test_transfer.py tests/test_bit_identity.py tests/test_counters.py
-     "tests/test_long_prefix.py::test_bug_report_bracket" tests/test_stateful.py::test_a_fixed_tour_fires_every_rule)
+     tests/test_long_prefix.py tests/test_stateful.py::test_a_fixed_tour_fires_every_rule)
 if "$PY" -c "import vllm" 2>/dev/null; then
   sel+=("tests/test_connector.py::test_full_hit_at_chunk_boundaries")
   kfilter="not test_full_hit_at_chunk_boundaries or (llama-tp1 and exact and separate-groups)"
@@ -30,7 +30,6 @@ else
   gpu_say "vllm is not importable: the connector case is left out"
   kfilter="not connector"
 fi
-kfilter="($kfilter) and (not test_bug_report_bracket or 128)"
 t0=$(date +%s)
 timeout --signal=INT "${SMOKE_TIMEOUT:-420}" "$PY" -m pytest -n "$(( GPUS < 4 ? GPUS : 4 ))" -m "gpu or tp4" \
   --gpu-share --hypothesis-profile smoke -rs -k "$kfilter" "${sel[@]}" "$@" 2>&1 | tee "$out/pytest.log"

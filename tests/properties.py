@@ -1,17 +1,18 @@
 """The property bodies, shared by the tests, the self-checks and the benchmark.
 
-A property is: run a generated workload on the real server and engine, then
-check the named invariants (fixtures.invariants). On a violation it records a
+A property test draws a typed case (a Workload), runs it (`observe`) and judges
+the invariants it names (`judge`, fixtures.invariants). On a violation it records a
 repro (fixtures.repro) and raises the first broken invariant's own exception type
 (fixtures.verdicts) with a readable report.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from hypothesis import settings
+from hypothesis import settings, target
+from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 
 from fixtures import invariants, verdicts
@@ -33,16 +34,40 @@ def bucket(n: int) -> str:
     return ">128"
 
 
-def check_workload(harness, w: Workload, names: tuple[str, ...]) -> Observation:
+def on(w: Workload, kv_device: str, mode: str | None = None) -> Workload:
+    """The drawn case as it runs here: KV caches on `kv_device` (fixtures.devices: "cpu",
+    "cuda", "cuda-tp4" runs every case at TP4) and, when given, in transfer mode `mode`
+    (the tests' parameter; the case strategies draw every case in one mode)."""
+    d = KV_DEVICES[kv_device]
+    return replace(w, device=d.device, tp=d.tp_for(w.tp), mode=mode or w.mode)
+
+
+def observe(harness, w: Workload) -> Observation:
+    """Run the workload on the real server and ranks; label it for Hypothesis' statistics
+    and steer the search (target) toward long hits and many bytes moved."""
     obs = harness.run(w)
     c = w.server.chunk_size
     event(f"query chunks {bucket(w.query.length // c)}, hit chunks {bucket(obs.hit // c)}")
     event(f"TP{w.tp} {w.mode} settle={w.settle}")
     for k in obs.known:
         event(f"known LMCache 0.5.6 discrepancy: {k}")
+    if currently_in_test_context():
+        target(obs.hit // c, label="hit chunks")
+        target(sum(r.bytes_written for r in obs.retrieves), label="bytes moved")
+    return obs
+
+
+def judge(obs: Observation, *names: str) -> None:
+    """Judge the named invariants (fixtures.invariants); the first broken one raises its own
+    type (fixtures.verdicts) with every violation in the report, and a repro is written."""
     found = invariants.check(obs, names)
     if found:
-        verdicts.fail(found, invariants.report(obs, found), kind="workload", case=w.to_json(), names=names)
+        verdicts.fail(found, invariants.report(obs, found), kind="workload", case=obs.workload.to_json(), names=names)
+
+
+def check_workload(harness, w: Workload, names: tuple[str, ...]) -> Observation:
+    obs = observe(harness, w)
+    judge(obs, *names)
     return obs
 
 

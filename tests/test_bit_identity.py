@@ -1,16 +1,20 @@
 """Restored KV is bit-identical (torch.equal, never allclose) and lands only where asked."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings
 
 from fixtures.engine import MODES
-from tests.properties import PROPERTIES, budget
+from strategies import workloads
+from tests import shrunk_cases as shrunk
+from tests.properties import budget, judge, observe, on
+from tests.test_hits import DRAWN
 
 
 @pytest.mark.parametrize("mode", MODES)
 @settings(max_examples=budget(2))
-@given(data=st.data())
-def test_restored_blocks_are_bit_identical(harness, mode, kv_device, data):
-    p = PROPERTIES["bit_identity"]
-    p.check(harness, data.draw(p.on(kv_device, modes=(mode,)), label="workload"))
+@given(w=workloads(modes=DRAWN))
+@example(w=shrunk.ONE_CHUNK)  # retrieve_overrun
+@example(w=shrunk.THREE_CHUNKS)  # swap_retrieved_chunks:1
+def test_restored_blocks_are_bit_identical(harness, mode, kv_device, w):
+    obs = observe(harness, on(w, kv_device, mode))
+    judge(obs, "bit_identity")

@@ -1,23 +1,26 @@
 """The server's counters agree with what the engine side saw, delta by delta."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings
 
 from fixtures import invariants
 from fixtures.engine import MODES
 from fixtures.kvmodel import KVLayout
 from fixtures.scenario import PromptSpec, StoreSpec, Workload
 from fixtures.server import ServerOptions
-from tests.properties import PROPERTIES, budget
+from strategies import workloads
+from tests import shrunk_cases as shrunk
+from tests.properties import budget, judge, observe, on
+from tests.test_hits import DRAWN
 
 
 @pytest.mark.parametrize("mode", MODES)
 @settings(max_examples=budget(2))
-@given(data=st.data())
-def test_server_counters_match_the_engine(harness, mode, kv_device, data):
-    p = PROPERTIES["counters"]
-    p.check(harness, data.draw(p.on(kv_device, modes=(mode,)), label="workload"))
+@given(w=workloads(modes=DRAWN))
+@example(w=shrunk.ONE_CHUNK)  # undercount_hit_metric
+def test_server_counters_match_the_engine(harness, mode, kv_device, w):
+    obs = observe(harness, on(w, kv_device, mode))
+    judge(obs, "counters")
 
 
 #: issue 15: TP2, `settle=immediate`: the lookup can run while one rank's chunk is committed

@@ -1,35 +1,42 @@
 """Hit accounting: what a lookup reports is exactly the prefix that is stored."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings
 
 from fixtures.engine import MODES
-from tests.properties import PROPERTIES, budget
+from strategies import workloads
+from tests import shrunk_cases as shrunk
+from tests.properties import budget, judge, observe, on
+
+#: every case is drawn in one transfer mode; the `mode` parameter says which it runs in
+DRAWN = ("lmcache_driven",)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @settings(max_examples=budget(3))
-@given(data=st.data())
-def test_hit_is_exactly_the_stored_prefix(harness, mode, kv_device, data):
+@given(w=workloads(modes=DRAWN))
+@example(w=shrunk.ONE_CHUNK)  # inflate_hit
+def test_hit_is_exactly_the_stored_prefix(harness, mode, kv_device, w):
     """hit == C x (leading query chunks stored on every rank), for exact multiples,
     +/-1 token, prefixes, extensions, chunked stores and missing ranks."""
-    p = PROPERTIES["hit_accounting"]
-    p.check(harness, data.draw(p.on(kv_device, modes=(mode,)), label="workload"))
+    obs = observe(harness, on(w, kv_device, mode))
+    judge(obs, "hit_accounting")
 
 
 @pytest.mark.parametrize("mode", MODES)
 @settings(max_examples=budget(1))
-@given(data=st.data())
-def test_prompt_never_stored_hits_zero(harness, mode, kv_device, data):
-    p = PROPERTIES["never_stored"]
-    p.check(harness, data.draw(p.on(kv_device, modes=(mode,)), label="workload"))
+@given(w=workloads(modes=DRAWN, query_kinds=("fresh",)))
+def test_prompt_never_stored_hits_zero(harness, mode, kv_device, w):
+    obs = observe(harness, on(w, kv_device, mode))
+    judge(obs, "hit_accounting")
 
 
 @pytest.mark.parametrize("mode", MODES)
 @settings(max_examples=budget(2))
-@given(data=st.data())
-def test_divergence_in_chunk_k_hits_exactly_k_chunks(harness, mode, kv_device, data):
+@given(w=workloads(modes=DRAWN, query_kinds=("flipped",)))
+@example(w=shrunk.LAST_TOKEN_CHANGED)  # chunk_hash_off_by_one
+@example(w=shrunk.CHANGED_IN_CHUNK_3)  # swap_retrieved_chunks:1 beside chunk_hash_off_by_one
+def test_divergence_in_chunk_k_hits_exactly_k_chunks(harness, mode, kv_device, w):
     """A token changed at the first, last or any offset of chunk k: hit k chunks, restored bit-exactly."""
-    p = PROPERTIES["divergence"]
-    p.check(harness, data.draw(p.on(kv_device, modes=(mode,)), label="workload"))
+    obs = observe(harness, on(w, kv_device, mode))
+    judge(obs, "hit_accounting", "bit_identity")
