@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import faults, invariants, kvmodel, repro
+from fixtures import metrics as M
 from fixtures.errors import ServerStartError
 from fixtures.metrics import Metrics
 from fixtures.scenario import PromptSpec, StoreSpec, Workload
@@ -73,6 +74,12 @@ def test_metrics_parse_labels_and_sum():
     assert m["lmcache_mp_num_chunks_loaded_total"] == 7
     assert m.get("lmcache_mp_num_chunks_loaded_total", worker_id="2") == 4
     assert m["foo"] == 1000
+    # a counter OTel has not exported yet reads 0; any other absent name is an error naming it
+    assert m[M.LOOKUP_HIT] == 0
+    with pytest.raises(M.MissingMetric, match="exports no lmcache_mp_nonexistent"):
+        m.get("lmcache_mp_nonexistent")
+    with pytest.raises(M.MissingMetric, match=f"exports no {M.LOOKUPS} although a lookup"):
+        m.require(M.LOOKUPS, "a lookup was answered")
 
 
 @settings(max_examples=30, deadline=None)
