@@ -1,0 +1,106 @@
+"""Ctrl-C leaves nothing behind: a running suite, interrupted, cleans up after itself.
+
+A nested `pytest -n 2` runs a property (servers and TP rank processes per xdist worker)
+in its own process group, tagged through its environment; once its servers and ranks
+are up, the whole group gets SIGINT, as a terminal's Ctrl-C sends it. Afterwards no
+process of that run may be left (the suite's children run in sessions of their own, so
+they see no SIGINT: they go through PR_SET_PDEATHSIG and the suite's atexit reaping), no
+/dev/shm segment of theirs, no temp dir (the run's TMPDIR holds only pytest's own
+basetemp), and no port of theirs still listening.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from fixtures.polling import poll_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TAG = "LMCACHE_PBT_CLEANUP_TAG"
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(TAG) == tag and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def _listening(procs: list[psutil.Process]) -> set[int]:
+    ports = set()
+    for p in procs:
+        try:
+            ports |= {c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return ports
+
+
+@pytest.mark.slow
+def test_sigint_to_a_running_suite_leaves_nothing_behind(tmp_path):
+    tag = uuid.uuid4().hex
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(os.environ, **{TAG: tag, "TMPDIR": str(tmpdir), "LMCACHE_PBT_REPRO_DIR": str(tmp_path / "repros")})
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_TESTRUNUID", None)
+    argv = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "--hypothesis-profile=nightly",
+            "tests/test_hits.py::test_hit_is_exactly_the_stored_prefix", "-k", "cpu"]
+    run = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    seen: dict[int, str] = {}
+    ports: set[int] = set()
+
+    def busy() -> bool:
+        """Both workers have a server and rank processes up (their pids and ports recorded)."""
+        procs = _tagged(tag)
+        for p in procs:
+            try:
+                seen.setdefault(p.pid, " ".join(p.cmdline())[:120])
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        ports.update(_listening(procs))
+        servers = [c for c in seen.values() if "lmcache" in c and "server" in c]
+        return len(servers) >= 2 and len(seen) >= 8 or run.poll() is not None
+
+    try:
+        up, _ = poll_until(busy, timeout=240, first_delay=0.2, max_delay=0.5)
+        assert run.poll() is None, "the nested run ended before it could be interrupted:\n" + run.stdout.read().decode()[-3000:]
+        assert up, f"the nested run did not bring up two servers and their ranks in 240 s (saw {sorted(seen.values())})"
+        time.sleep(2)  # mid-example
+        os.killpg(run.pid, signal.SIGINT)
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    text = out.decode(errors="replace")
+    assert "KeyboardInterrupt" in text or run.returncode in (2, -signal.SIGINT), (
+        f"the nested run was not interrupted (exit {run.returncode}):\n{text[-3000:]}")
+
+    # children leave through PR_SET_PDEATHSIG / atexit reaping: allow them a moment
+    gone, left = poll_until(lambda: _tagged(tag), lambda ps: not ps, timeout=30, first_delay=0.1, max_delay=0.5)
+    assert gone, "processes of the interrupted run are still alive: " + "; ".join(
+        f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left)
+    shm = [f for pid in seen for f in glob.glob(f"/dev/shm/*_{pid}_*") + glob.glob(f"/dev/shm/*{pid}*")]
+    assert not shm, f"shared-memory segments of the interrupted run remain: {sorted(set(shm))[:10]}"
+    leftovers = [e.name for e in tmpdir.iterdir() if not e.name.startswith("pytest-of-")]
+    assert not leftovers, f"temp dirs of the interrupted run remain in its TMPDIR: {leftovers}"
+    still = {c.laddr.port for c in psutil.net_connections(kind="tcp")
+             if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}
+    assert not still, f"ports of the interrupted run still listening: {sorted(still)}"
+    print(f"\nSIGINT to a running `pytest -n 2`: {len(seen)} processes ({len(ports)} listening ports) "
+          f"all gone, no /dev/shm segment, no temp dir left")
