@@ -71,7 +71,8 @@ def test_dense_warm_equals_cold(engine_pool, mode):
 
     @settings(max_examples=budget(1.0))
     @given(case=engine_cases((o,)))
-    # shrunk cases: skip_retrieve_after:1 (2C), connector_tells_one_less (1C), the split-point
+    # shrunk cases: skip_retrieve_after:1 (lmcache_driven) and engine_driven_skip_retrieve_after:1
+    # (engine_driven) both 2C, connector_tells_one_less (1C), the split-point
     # finding (4C-1: hit 3C, 63 tokens computed), the batch non-invariance finding (3C twice)
     @example(case=_case(o, (128,), ("2C+0",)))
     @example(case=_case(o, (64,), ("1C+0",)))
