@@ -98,7 +98,7 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
     from fixtures.engine_flow import check, run_engine_case
     from fixtures.real_engine import EnginePool, skip_reason
     from strategies.engine import engine_cases
-    from tests.test_engine import DENSE
+    from tests.test_engine import DENSE, HYBRID, SLIDING, WINDOW
 
     why = skip_reason()
     if why:
@@ -107,7 +107,11 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
     pool = EnginePool(harness)
     out: dict = {"modes": []}
     try:
-        for mode, opts in sorted(DENSE.items()):
+        # every engine the properties run: (name, options, strategy keywords)
+        engines = ([(f"dense {m}", o, {}) for m, o in sorted(DENSE.items())]
+                   + [(f"sliding {k}", o, {"min_len": WINDOW + 1}) for k, o in sorted(SLIDING.items())]
+                   + [("hybrid (state views re-pointed)", HYBRID, {"max_chunks": 3, "max_batch": 1})])
+        for mode, opts, kw in engines:
             t = time.monotonic()
             eng = pool.get(opts)
             start = {"wall_s": round(time.monotonic() - t, 1), "llm_init_s": eng.info.get("start_s")}
@@ -115,7 +119,7 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
 
             @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
                       phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-            @given(case=engine_cases((opts,)))
+            @given(case=engine_cases((opts,), **kw))
             def run(case):
                 t1 = time.monotonic()
                 found = check(run_engine_case(pool, case))

@@ -21,21 +21,23 @@ from fixtures.real_engine import EngineOptions
 VOCAB = (3, 500)
 
 
-def lengths(chunk: int, max_chunks: int) -> st.SearchStrategy[int]:
-    k = st.integers(1, max_chunks)
+def lengths(chunk: int, max_chunks: int, min_len: int = 2) -> st.SearchStrategy[int]:
+    """Lengths in [min_len, max_chunks x chunk + 1], weighted to exact chunk multiples and +/-1."""
+    k = st.integers(max(1, -(-(min_len + 1) // chunk)), max_chunks)
     exact = k.map(lambda n: n * chunk)
     off = st.tuples(k, st.sampled_from((-1, 1))).map(lambda t: t[0] * chunk + t[1])
-    anyl = st.integers(2, max_chunks * chunk + 1)
+    anyl = st.integers(max(2, min_len), max_chunks * chunk + 1)
     return st.one_of(exact, off, anyl)
 
 
 @st.composite
 def engine_cases(draw, engines: tuple[EngineOptions, ...], *, max_chunks: int = 4, max_batch: int = 3,
-                 steps: bool = True) -> EngineCase:
+                 steps: bool = True, min_len: int = 2) -> EngineCase:
+    """min_len: the first prompt's least length (the sliding-window property: longer than the window)."""
     eng = draw(st.sampled_from(engines))
     c = eng.chunk
     block = eng.block_size or c
-    n0 = draw(lengths(c, max_chunks))
+    n0 = draw(lengths(c, max_chunks, min_len))
     seed = draw(st.integers(0, 2**16))
     rng = random.Random(seed)
     base = [rng.randrange(*VOCAB) for _ in range(max_chunks * c + 2)]

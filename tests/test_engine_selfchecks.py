@@ -3,12 +3,15 @@
 Each fault (fixtures/faults.py) runs under test_engine.py's own strategy and checks, on an
 engine + server of its own, and must be caught and shrunk to the stated bound:
 
-- skip_retrieve_after:1 (server): a retrieve silently transfers only its first chunk;
+- skip_retrieve_after:1 (server, lmcache_driven): a retrieve silently transfers only its first chunk;
+- engine_driven_skip_retrieve_after:1 (server, engine_driven): a retrieve hands the worker only
+  its first chunk's shm slot, and the worker copies only that one;
 - connector_tells_one_less (in the engine process, where vLLM's scheduler-side
   LMCacheMPConnector lives): vLLM is told N-1 tokens while N are loaded.
 
-The server faults patch LMCache's lmcache_driven transfer path (the server writes into
-the engine's KV cache), so they run on a lmcache_driven engine.
+Each server fault patches one transfer path, so it runs in that transfer mode: lmcache_driven
+(the server writes into the engine's KV cache) or engine_driven (the worker copies from the
+server's shm slots).
 
 Not here, on purpose: swap_retrieved_chunks:1 (chunks 1 and 2 land in each other's
 blocks). The engine's output does not change (not caught in 30 cases; a lone 193- and
@@ -44,14 +47,15 @@ class EngineSelfCheck:
     bound_text: str
     client: bool = False
     max_examples: int = 30
+    mode: str = "lmcache_driven"
 
     @property
     def id(self) -> str:
-        return f"{self.fault}->{'+'.join(self.checks)}"
+        return f"{self.fault}->{'+'.join(self.checks)}" + ("" if self.mode == "lmcache_driven" else f"@{self.mode}")
 
     def options(self) -> EngineOptions:
         kw = {"client_faults": (self.fault,)} if self.client else {"server_faults": (self.fault,)}
-        return EngineOptions("llama-tiny", "lmcache_driven", chunk=64, **kw)
+        return EngineOptions("llama-tiny", self.mode, chunk=64, **kw)
 
     def small(self, case) -> bool:
         c = case.engine.chunk
@@ -61,6 +65,9 @@ class EngineSelfCheck:
 CHECKS = [
     EngineSelfCheck("skip_retrieve_after:1", ("warm_equals_cold",), 2,
                     "one prompt of 2 chunks (+1 token): the smallest hit with a chunk past the first"),
+    EngineSelfCheck("engine_driven_skip_retrieve_after:1", ("warm_equals_cold",), 2,
+                    "one prompt of 2 chunks (+1 token): the smallest hit with a chunk past the first",
+                    mode="engine_driven"),
     EngineSelfCheck("connector_tells_one_less", ("hits",), 2,
                     "one prompt of at most 2 chunks (+1 token)", client=True),
 ]
