@@ -122,7 +122,7 @@ def test_hybrid_gdn_state_is_restored_where_the_model_reads_it(engine_pool):
     obs = run_engine_case(engine_pool, case)
     found = check(obs)
     gdn = {k: v for k, v in (obs.engine_info.get("kv_storages") or {}).items() if "linear_attn" in k}
-    if (found and {v.check for v in found} <= {"warm_equals_cold", "warm_equals_apc"}
+    if (found and {v.invariant for v in found} <= {"warm_equals_cold", "warm_equals_apc"}
             and gdn and all(v == ["private"] for v in gdn.values())):
         raise GdnStateNotRestored(report(obs, found) + f"\nGDN state storages: {gdn}")
     assert not found, report(obs, found)
