@@ -178,9 +178,59 @@ def _counted(steps: list[dict]) -> list[dict]:
     return [s for s in steps if s["rule"] not in ("start", "new_prompt")]
 
 
+#: Each fault's program, found by hand from how the fault works (the generated search below
+#: did not reach them in its budget), run as a fixed regression: the fault must be caught by
+#: its own check within `max_steps` rules. LMCache chunk 32 (2 blocks of 16), 18 KV blocks.
+FAULT_PROGRAMS = {
+    # a 3-chunk prefix is stored; a 4-chunk+1 request of another family takes 9 of the 17
+    # usable blocks, so the request of the stored family (9 blocks) waits and vLLM asks
+    # get_num_new_matched_tokens again every step: the watermark reaches 96 + k x 96, and
+    # its prefill ends with nothing stored past the hit
+    "stored_watermark_twice": [
+        ("start", {"tp": 1, "budget": 200}),
+        ("add_request", dict(p=PromptSpec(0, 96), tenant="t0", max_tokens=1)),
+        ("drain", {}),
+        ("add_request", dict(p=PromptSpec(1, 129), tenant="t0", max_tokens=3)),
+        ("step", dict(wait_ms=50, n=1)),
+        ("add_request", dict(p=PromptSpec(0, 129), tenant="t0", max_tokens=1)),
+        ("drain", {}),
+    ],
+    # a 2-chunk prefix is stored (vLLM's prefix cache reset, so LMCache serves it); a request
+    # loading it and one of another family are scheduled together: the load's extra chunk
+    # lands in the other request's first blocks
+    "retrieve_overrun": [
+        ("start", {"tp": 1, "budget": 200}),
+        ("add_request", dict(p=PromptSpec(0, 64), tenant="t0", max_tokens=1)),
+        ("drain", {}),
+        ("reset_prefix_cache", {}),
+        ("add_request", dict(p=PromptSpec(0, 65), tenant="t0", max_tokens=3)),
+        ("add_request", dict(p=PromptSpec(1, 96), tenant="t0", max_tokens=3)),
+        ("step", dict(wait_ms=50, n=3)),
+        ("drain", {}),
+    ],
+}
+
+
 @pytest.mark.selfcheck
-@pytest.mark.skip(reason="not calibrated yet: the first search (40 programs) with stored_watermark_twice was caught "
-                         "by [l2] (a post-restart lookup hit 0 of 64 settled tokens), not [stores]; unverified")
+@pytest.mark.parametrize("check", [c for c in SELF_CHECKS if c.fault in FAULT_PROGRAMS], ids=lambda c: c.fault)
+def test_busy_fault_program_is_caught(busy_machine, check):
+    """The fault's fixed program fails, with its own check's tag, within the step bound."""
+    steps = FAULT_PROGRAMS[check.fault]
+    counted = [s for s in steps if s[0] != "start"]
+    assert len(counted) <= check.max_steps
+    cfg = check.config()
+    why = fails(busy_machine(cfg), steps)
+    assert why is not None, f"{check.fault}: its program passed every check"
+    assert why.startswith(f"[{check.tag}]"), f"{check.fault}: caught by another check: {why}"
+    # the same program without the fault passes every check (the failure is the fault's)
+    clean = replace(cfg, scheduler_faults=(), server_faults=())
+    assert fails(busy_machine(clean), steps) is None
+
+
+@pytest.mark.selfcheck
+@pytest.mark.skip(reason="the generated search does not reach the faults in a CI-sized budget: 60 derandomized "
+                         "programs of 20 steps (614 s, 1049 engine steps) never triggered stored_watermark_twice; "
+                         "the fixed programs (test_busy_fault_program_is_caught) pin (a) and (c); (b) has none yet")
 @pytest.mark.parametrize("check", SELF_CHECKS, ids=lambda c: c.fault)
 def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
     cfg = check.config()
