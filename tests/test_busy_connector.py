@@ -28,9 +28,11 @@ from tests.properties import budget
 pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
 pytestmark = [pytest.mark.connector, pytest.mark.stateful, pytest.mark.busy]
 if not os.environ.get("LMCACHE_PBT_BUSY"):
-    # Issue 13 is open: the tier's self-checks are not calibrated yet and a cold start (four
-    # rank processes importing vLLM) takes minutes on 2 cores; run it with LMCACHE_PBT_BUSY=1.
-    pytestmark.append(pytest.mark.skip(reason="busy-connector tier is opt-in until calibrated: LMCACHE_PBT_BUSY=1"))
+    # Issue 13 is open: at the ci profile the generated histories take about 10 min per layout
+    # on 2 cores, their reliability over repeated runs is not measured yet, and the self-check
+    # (b) has no program; run the tier with LMCACHE_PBT_BUSY=1 (README: the busy section).
+    pytestmark.append(pytest.mark.skip(reason="busy-connector tier is opt-in until its CI budget and reliability "
+                                              "are measured: LMCACHE_PBT_BUSY=1"))
 
 #: steps per generated program (examples per run come from the profile's budget)
 STEPS = int(os.environ.get("LMCACHE_PBT_BUSY_STEPS", "25"))
