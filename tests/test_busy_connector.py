@@ -28,9 +28,10 @@ from tests.properties import budget
 pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
 pytestmark = [pytest.mark.connector, pytest.mark.stateful, pytest.mark.busy]
 if not os.environ.get("LMCACHE_PBT_BUSY"):
-    # Issue 13 is open: the tier's self-checks are not calibrated yet and a cold start (four
-    # rank processes importing vLLM) takes minutes on 2 cores; run it with LMCACHE_PBT_BUSY=1.
-    pytestmark.append(pytest.mark.skip(reason="busy-connector tier is opt-in until calibrated: LMCACHE_PBT_BUSY=1"))
+    # Issue 13 is open: at the ci profile the generated histories take about 10 min per layout
+    # on 2 cores and their reliability over repeated runs is not measured yet; run the tier with LMCACHE_PBT_BUSY=1 (README: the busy section).
+    pytestmark.append(pytest.mark.skip(reason="busy-connector tier is opt-in until its CI budget and reliability "
+                                              "are measured: LMCACHE_PBT_BUSY=1"))
 
 #: steps per generated program (examples per run come from the profile's budget)
 STEPS = int(os.environ.get("LMCACHE_PBT_BUSY_STEPS", "25"))
@@ -178,9 +179,69 @@ def _counted(steps: list[dict]) -> list[dict]:
     return [s for s in steps if s["rule"] not in ("start", "new_prompt")]
 
 
+#: Each fault's program, found by hand from how the fault works (the generated search below
+#: did not reach them in its budget), run as a fixed regression: the fault must be caught by
+#: its own check within `max_steps` rules. LMCache chunk 32 (2 blocks of 16), 18 KV blocks.
+FAULT_PROGRAMS = {
+    # a 3-chunk prefix is stored; a 4-chunk+1 request of another family takes 9 of the 17
+    # usable blocks, so the request of the stored family (9 blocks) waits and vLLM asks
+    # get_num_new_matched_tokens again every step: the watermark reaches 96 + k x 96, and
+    # its prefill ends with nothing stored past the hit
+    "stored_watermark_twice": [
+        ("start", {"tp": 1, "budget": 200}),
+        ("add_request", dict(p=PromptSpec(0, 96), tenant="t0", max_tokens=1)),
+        ("drain", {}),
+        ("add_request", dict(p=PromptSpec(1, 129), tenant="t0", max_tokens=3)),
+        ("step", dict(wait_ms=50, n=1)),
+        ("add_request", dict(p=PromptSpec(0, 129), tenant="t0", max_tokens=1)),
+        ("drain", {}),
+    ],
+    # two 4-chunk prompts fit at admission (vLLM reserves the whole prompt: 8 + 8 of 17 usable
+    # blocks) but not their first decode blocks: vLLM preempts the second, whose own blocks
+    # stay in its prefix cache; it resumes with vLLM's hit covering LMCache's (no retrieve),
+    # so only free_lookup_locks releases the lookup's 4 read locks
+    "preempted_lookup_locks_kept": [
+        ("start", {"tp": 1, "budget": 200}),
+        ("add_request", dict(p=PromptSpec(1, 128), tenant="t0", max_tokens=3)),
+        ("add_request", dict(p=PromptSpec(0, 128), tenant="t0", max_tokens=3)),
+        ("drain", {}),
+    ],
+    # a 2-chunk prefix is stored (vLLM's prefix cache reset, so LMCache serves it); a request
+    # loading it and one of another family are scheduled together: the load's extra chunk
+    # lands in the other request's first blocks
+    "retrieve_overrun": [
+        ("start", {"tp": 1, "budget": 200}),
+        ("add_request", dict(p=PromptSpec(0, 64), tenant="t0", max_tokens=1)),
+        ("drain", {}),
+        ("reset_prefix_cache", {}),
+        ("add_request", dict(p=PromptSpec(0, 65), tenant="t0", max_tokens=3)),
+        ("add_request", dict(p=PromptSpec(1, 96), tenant="t0", max_tokens=3)),
+        ("step", dict(wait_ms=50, n=3)),
+        ("drain", {}),
+    ],
+}
+
+
 @pytest.mark.selfcheck
-@pytest.mark.skip(reason="not calibrated yet: the first search (40 programs) with stored_watermark_twice was caught "
-                         "by [l2] (a post-restart lookup hit 0 of 64 settled tokens), not [stores]; unverified")
+@pytest.mark.parametrize("check", SELF_CHECKS, ids=lambda c: c.fault)
+def test_busy_fault_program_is_caught(busy_machine, check):
+    """The fault's fixed program fails, with its own check's tag, within the step bound."""
+    steps = FAULT_PROGRAMS[check.fault]
+    counted = [s for s in steps if s[0] != "start"]
+    assert len(counted) <= check.max_steps
+    cfg = check.config()
+    why = fails(busy_machine(cfg), steps)
+    assert why is not None, f"{check.fault}: its program passed every check"
+    assert why.startswith(f"[{check.tag}]"), f"{check.fault}: caught by another check: {why}"
+    # the same program without the fault passes every check (the failure is the fault's)
+    clean = replace(cfg, scheduler_faults=(), server_faults=())
+    assert fails(busy_machine(clean), steps) is None
+
+
+@pytest.mark.selfcheck
+@pytest.mark.skip(reason="the generated search does not reach the faults in a CI-sized budget: 60 derandomized "
+                         "programs of 20 steps (614 s, 1049 engine steps) never triggered stored_watermark_twice; "
+                         "the fixed programs (test_busy_fault_program_is_caught) pin all three")
 @pytest.mark.parametrize("check", SELF_CHECKS, ids=lambda c: c.fault)
 def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
     cfg = check.config()

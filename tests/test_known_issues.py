@@ -349,3 +349,41 @@ def test_a_failed_load_does_not_crash_vllms_scheduler(harness, family):
     finally:
         harness.release(opts)  # the engine's scheduler is left mid-update: drop it with its server
     assert crashed is None, f"vLLM's scheduler crashed after LMCache reported a failed load: {crashed}"
+
+
+@pytest.mark.connector
+@known_issue(KNOWN_ON, raises=AssertionError, reason="LMCache 0.5.6: a request aborted before vLLM consumed its "
+                                                              "lookup keeps the server's prefetch result and its read "
+                                                              "locks until the read-lock TTL (300 s): request_finished "
+                                                              "only drops the scheduler-side lookup future")
+def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
+    """Found by the busy-engine machine (tests/test_busy_connector.py): add; step; abort; drain."""
+    pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
+    from fixtures.busy_connector import BusyConfig, _lock_counts, machine_for, run_program
+    from fixtures.vllm_model import ModelShape
+
+    cfg = BusyConfig(ModelShape("llama", 1, ("full",), num_kv_heads=1, head_dim=16, block_size=16,
+                                mamba_cache_mode="none"), tps=(1,), chunk_multiple=2, l2=False)
+    c = cfg.chunk
+    p = PromptSpec(3, 3 * c)
+    try:
+        m = run_program(machine_for(harness, cfg), [
+            ("start", {"tp": 1, "budget": 4 * c}),
+            ("add_request", dict(p=p, tenant="t0", max_tokens=1)),
+            ("drain", {}),                                        # the prompt's 3 chunks are stored
+            ("add_request", dict(p=p, tenant="t0", max_tokens=1)),
+            ("step", dict(wait_ms=0, n=1)),                       # its lookup is submitted, not answered yet
+            ("abort", dict(i=0)),                                 # aborted while still waiting
+            ("drain", {}),
+        ])
+        assert m.leak_bound, "the request was scheduled before the abort (its lookup was consumed): nothing pinned"
+        srv = m.server  # (no MP_LOOKUP_PREFETCH_END shows for the aborted request: its result is never consumed)
+        deadline = time.monotonic() + 5
+        counts = _lock_counts(srv)
+        while counts != (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            counts = _lock_counts(srv)
+        assert counts == (0, 0), (f"5 s after the aborted request ended (no request alive) the server's L1 holds "
+                                  f"{counts[0]} read-locked and {counts[1]} write-locked objects")
+    finally:
+        harness.release(cfg.server())
