@@ -12,7 +12,7 @@ import os
 import pytest
 
 from fixtures import repro
-from tests.selfchecks import SELF_CHECKS, _hit_chunks, hunt
+from tests.selfchecks import SELF_CHECKS, hunt
 
 
 @pytest.mark.selfcheck
@@ -82,14 +82,6 @@ def test_two_faults_are_reported_as_two_bugs(harness):
     for t, w in sorted(cases.items(), key=lambda kv: kv[0].__name__):
         print(f"\n{t.__name__}, shrunk to:\n  " + w.describe().replace("\n", "\n  "))
     assert kinds == sorted([HitAccountingViolation.__name__, BitIdentityViolation.__name__]), kinds
-    # each shrinks to the size it shows at alone (tests.selfchecks.SELF_CHECKS): TP1, prompts of 1
-    # chunk (+1 token); 3 chunks hit (a second, equal store may survive the shrink: seen under load)
-    assert _tiny(cases[HitAccountingViolation], 1), cases[HitAccountingViolation].describe()
-    assert _tiny(cases[BitIdentityViolation], 4) and _hit_chunks(cases[BitIdentityViolation]) == 3, (
-        cases[BitIdentityViolation].describe())
-
-
-def _tiny(w, max_chunks: int) -> bool:
-    """TP1; every prompt (stored or looked up) at most max_chunks chunks (+1 token)."""
-    limit = max_chunks * w.server.chunk_size + 1
-    return w.tp == 1 and w.query.length <= limit and all(s.prompt.length <= limit for s in w.stores)
+    # How far each shrinks is asserted by the single-fault self-checks above; here Hypothesis'
+    # five-minute shrink cap can stop one bug's shrink early on a loaded machine (seen in a
+    # clean-clone run: 22 chunks), so only the two distinct failures are asserted.
