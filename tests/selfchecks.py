@@ -167,3 +167,35 @@ def hunt(harness, check: SelfCheck, *, max_examples: int | None = None, shrink: 
         max_examples=max_examples or check.max_examples, shrink=shrink)
     minimal, violations = failures[-1] if failures else (None, [])
     return HuntResult(check, caught, minimal, violations, n, len(failures), secs, first)
+
+
+def shrink_program(run: Callable[[list], object], program: list, *, examples: int) -> list[tuple[type, list, str]]:
+    """Hypothesis' search over the subsequences of a state machine's program, and its own
+    shrinking: while generating, each step is kept with probability 3/4; shrinking drops
+    steps. `run(steps)` raises a verdicts.InvariantViolation when the machine's checks
+    fail (fixtures.programs.run_rules skips a step whose precondition no longer holds).
+
+    Returns every failing run as (exception type, steps, message), in order: Hypothesis
+    shrinks each distinct failure (exception type) on its own, so the last run of a type
+    is that bug's shrunk program. A run that crashes (not an invariant's verdict, e.g. a
+    fault-induced failed load that vLLM's scheduler asserts on) is a failure of its own
+    type: the caller names it, and it never counts as the fault being caught."""
+    failing: list[tuple[type, list, str]] = []
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              report_multiple_bugs=False, print_blob=False, phases=[Phase.generate, Phase.shrink],
+              suppress_health_check=list(HealthCheck))
+    @given(keep=st.lists(st.integers(0, 3).map(bool), min_size=len(program), max_size=len(program)))
+    def subsequences(keep):
+        steps = [s for s, k in zip(program, keep) if k]
+        try:
+            run(steps)
+        except Exception as e:  # noqa: BLE001  (a crash is a failure of its own type, shrunk apart)
+            failing.append((type(e), steps, str(e).split("\nprogram")[0]))
+            raise
+
+    try:
+        subsequences()
+    except Exception:  # noqa: BLE001  (every failing run is in `failing`, with its type)
+        pass
+    return failing

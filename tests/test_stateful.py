@@ -5,18 +5,20 @@ engine A (TP2, lmcache_driven), engine B (TP1, engine_driven, another model)
 and a filler engine that pushes L1 past its eviction watermark.
 """
 
+import functools
 import os
 import time
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from fixtures import verdicts
+from fixtures.programs import program_text
 from fixtures.server import ServerOptions
 from fixtures.stateful import RULES, MachineConfig, Recorder, first_failure, machine_for, run_program, tour
 from tests.properties import budget
+from tests.selfchecks import shrink_program
 
 #: steps per program; examples per run come from the profile (budget)
 STEPS = int(os.environ.get("LMCACHE_PBT_STATEFUL_STEPS", "14"))
@@ -84,43 +86,24 @@ def test_stateful_fault_is_caught_and_shrunk(harness, fault, check, max_steps):
                                              tag="stateful"))
     Machine = machine_for(harness, cfg)
     program = [st for st in tour() if st[0] != "new_prompt"]  # prompts travel as arguments
-    failing: list[tuple[type, list, str]] = []
     t0 = time.monotonic()
     try:
         why, at = first_failure(Machine, program)
         assert why is not None, f"fault {fault} was NOT caught by the stateful checks on the tour program"
-        program = program[: at + 1]  # what follows the failing step plays no part
-
-        # each step kept with probability 3/4 while generating; shrinking drops steps (toward 0)
-        @settings(max_examples=SEARCH_EXAMPLES, deadline=None, database=None, derandomize=True,
-                  report_multiple_bugs=False, print_blob=False, phases=[Phase.generate, Phase.shrink],
-                  suppress_health_check=list(HealthCheck))
-        @given(keep=st.lists(st.integers(0, 3).map(bool), min_size=len(program), max_size=len(program)))
-        def subsequences(keep):
-            steps = [s for s, k in zip(program, keep) if k]
-            try:
-                run_program(Machine, steps)
-            except verdicts.InvariantViolation as e:
-                failing.append((type(e), steps, str(e).split("\nprogram so far")[0]))
-                raise
-
-        with pytest.raises(verdicts.InvariantViolation):
-            subsequences()
+        # what follows the failing step plays no part
+        failing = shrink_program(functools.partial(run_program, Machine), program[: at + 1], examples=SEARCH_EXAMPLES)
     finally:
         harness.release(cfg.server)
     # Hypothesis shrinks each distinct failure (exception type) on its own; the last failing
     # replay of the expected check's type is its shrunk program
+    assert failing, f"{fault}: caught on the tour, but no subsequence of it failed in {SEARCH_EXAMPLES} examples"
     mine = [f for f in failing if f[0] is verdicts.violation_type(check)]
     others = sorted({f[0].__name__ for f in failing} - {verdicts.violation_type(check).__name__})
     assert mine, f"{fault}: caught only by other checks: {others}: {failing[-1][2]}"
     _, minimal, why_min = mine[-1]
-    text = " -> ".join(_step_text(name, a) for name, a in minimal)
+    text = program_text(minimal, 16)
     print(f"\n{fault}: caught on the tour ({why})\n  shrunk by Hypothesis in {time.monotonic() - t0:.0f} s, "
           f"{len(failing)} failing replays, to {len(minimal)} steps:\n  {text}\n  -> {why_min}"
           + (f"\n  (also seen while shrinking: {', '.join(others)})" if others else ""))
     assert len(minimal) <= max_steps, f"{fault}: shrank only to {len(minimal)} steps: {text}"
 
-
-def _step_text(name: str, args: dict) -> str:
-    parts = [f"{k}={v.describe(16) if hasattr(v, 'describe') else v}" for k, v in args.items()]
-    return f"{name}({', '.join(parts)})"
