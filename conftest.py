@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from fixtures import procs  # noqa: F401  (telemetry off in this process and its children)
+from fixtures.drivers import procs  # noqa: F401  (telemetry off in this process and its children)
 
 # ---------------------------------------------------------------------------
 # Hypothesis profiles. `max_examples` is the budget unit: tests scale it with
@@ -48,13 +48,13 @@ def pytest_addoption(parser):
     g.addoption("--lmcache-http", default=os.environ.get("LMCACHE_PBT_HTTP"),
                 help="that server's HTTP URL (e.g. http://127.0.0.1:8080), for /metrics and /status")
     g.addoption("--lmcache-tap", default=os.environ.get("LMCACHE_PBT_TAP"),
-                help="events file of fixtures.server_tap loaded by that server (server-side byte figures)")
+                help="events file of fixtures.drivers.server_tap loaded by that server (server-side byte figures)")
     g.addoption("--gpu-share", action="store_true", default=False,
                 help="let TP ranks share one GPU when fewer GPUs than ranks exist (tp4 on one GPU)")
 
 
 def pytest_configure(config):
-    from fixtures import preflight
+    from fixtures.compat import preflight
     from fixtures.errors import SuiteError
 
     try:
@@ -62,8 +62,8 @@ def pytest_configure(config):
     except SuiteError as e:
         pytest.exit(f"lmcache-pbt: {e}", returncode=4)
     # Probe the build once, here in the controller before xdist starts its workers
-    # (they then read the cached result; fixtures.capabilities).
-    from fixtures import capabilities
+    # (they then read the cached result; fixtures.compat.capabilities).
+    from fixtures.compat import capabilities
 
     try:
         capabilities.get()
@@ -91,7 +91,7 @@ def pytest_configure(config):
 def pytest_report_header(config):
     prof = config.getoption("hypothesis_profile", default=None) or DEFAULT_PROFILE
     where = config.getoption("--lmcache-url") or "a fresh `lmcache server` per option set, per xdist worker"
-    from fixtures import capabilities
+    from fixtures.compat import capabilities
 
     try:
         build = capabilities.get().header()
@@ -107,9 +107,9 @@ def pytest_report_header(config):
 
 @pytest.fixture(scope="session")
 def harness(request):
-    from fixtures.engine import RankPool
-    from fixtures.harness import Harness
-    from fixtures.server import ExternalServer, ServerPool
+    from fixtures.drivers.engine import RankPool
+    from fixtures.drivers.harness import Harness
+    from fixtures.drivers.server import ExternalServer, ServerPool
 
     cfg = request.config
     external = None
@@ -166,12 +166,12 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_generate_tests(metafunc):
-    """Every test that takes `kv_device` runs once per device (fixtures.devices): `cpu`
+    """Every test that takes `kv_device` runs once per device (fixtures.drivers.devices): `cpu`
     everywhere, `cuda` (marker gpu) and `cuda-tp4` (marker tp4) where GPUs exist; the
     property bodies are the same."""
     if "kv_device" not in metafunc.fixturenames:
         return
-    from fixtures.devices import KV_DEVICES
+    from fixtures.drivers.devices import KV_DEVICES
 
     share = metafunc.config.getoption("--gpu-share")
     marks = {1: [pytest.mark.gpu], 4: [pytest.mark.gpu, pytest.mark.tp4]}
@@ -181,7 +181,7 @@ def pytest_generate_tests(metafunc):
 
 def pytest_collection_modifyitems(config, items):
     """GPU-marked tests skip with one reason line when CUDA is absent (never pass silently)."""
-    from fixtures.devices import gpu_skip_reason
+    from fixtures.drivers.devices import gpu_skip_reason
 
     for item in items:
         need = 4 if item.get_closest_marker("tp4") else (1 if item.get_closest_marker("gpu") else 0)
@@ -193,9 +193,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def engine_pool(harness):
-    """Real vLLM engines (fixtures.real_engine), one per option set, for this xdist worker.
+    """Real vLLM engines (fixtures.drivers.real_engine), one per option set, for this xdist worker.
     Skips with one line when the engine environment (.venv-engine) is not built."""
-    from fixtures.real_engine import EnginePool, skip_reason
+    from fixtures.drivers.real_engine import EnginePool, skip_reason
 
     why = skip_reason()
     if why:

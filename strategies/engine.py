@@ -1,4 +1,4 @@
-"""Generated cases for the real-engine tier (fixtures.engine_flow.EngineCase).
+"""Generated cases for the real-engine tier (fixtures.drivers.engine_flow.EngineCase).
 
 Prompt lengths are weighted to exact chunk multiples and +/-1 token; a batch is
 1-3 prompts from one shared-prefix family (the same prompt again, a prefix of
@@ -15,8 +15,8 @@ import random
 
 from hypothesis import strategies as st
 
-from fixtures.engine_flow import EngineCase
-from fixtures.real_engine import EngineOptions
+from fixtures.drivers.engine_flow import EngineCase
+from fixtures.drivers.real_engine import EngineOptions
 
 VOCAB = (3, 500)
 

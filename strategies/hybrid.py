@@ -1,4 +1,4 @@
-"""Hybrid model layouts and connector cases (fixtures.connector).
+"""Hybrid model layouts and connector cases (fixtures.drivers.connector).
 
 A model shape decides vLLM's KV cache groups: how many, of which kind (full
 attention, sliding window, GDN recurrent state), their block sizes (vLLM's
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fixtures.connector import ConnectorCase, resolved_block_size
-from fixtures.scenario import PromptSpec
-from fixtures.vllm_model import ModelShape
+from fixtures.drivers.connector import ConnectorCase, resolved_block_size
+from fixtures.drivers.scenario import PromptSpec
+from fixtures.drivers.vllm_model import ModelShape
 
 FAMILIES = ("llama", "gemma3_text", "qwen3_next")
 

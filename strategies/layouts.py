@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fixtures.kvmodel import KVLayout
+from fixtures.oracle.kvmodel import KVLayout
 
 DTYPES = ("fp16", "bf16", "fp32")
 

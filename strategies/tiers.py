@@ -1,4 +1,4 @@
-"""Cases for the tier-attribution and held-lock properties (fixtures.tiers).
+"""Cases for the tier-attribution and held-lock properties (fixtures.drivers.tiers).
 
 Both shrink to TP1, one layer x 1 head x head_dim 4, a 1-chunk prompt, the stored prompt
 itself as the query and nothing stored again in L1.
@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fixtures.engine import MODES
-from fixtures.scenario import PromptSpec
-from fixtures.tiers import HOLD_SERVER, TIER_SERVER, HoldCase, TierCase
+from fixtures.drivers.engine import MODES
+from fixtures.drivers.scenario import PromptSpec, StoreSpec
+from fixtures.drivers.tiers import HOLD_SERVER, TIER_SERVER, HoldCase, TierCase
 from strategies.layouts import kv_layouts
-from fixtures.scenario import StoreSpec
 from strategies.workloads import QUERY_KINDS, query_for
 
 

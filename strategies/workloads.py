@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from fixtures.engine import MODES
-from fixtures.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.server import ServerOptions
+from fixtures.drivers.engine import MODES
+from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
+from fixtures.drivers.server import ServerOptions
 from strategies.layouts import kv_layouts, rank_layouts, tiny_layouts
 
 #: Chunk sizes a run draws from. Each distinct value is one server per xdist
@@ -117,12 +117,12 @@ def workloads(
     query_kinds: tuple[str, ...] = QUERY_KINDS,
     device: str = "cpu",
 ) -> Workload:
-    """A full single-shot workload for fixtures.scenario.run (KV caches on `device`)."""
+    """A full single-shot workload for fixtures.drivers.scenario.run (KV caches on `device`)."""
     c = draw(chunk if chunk is not None else chunk_sizes())
     layouts = layouts or kv_layouts
     layout = draw(layouts(chunk_size=c))
     tp, missing = draw(rank_layouts(tps, allow_missing=allow_missing_ranks))
-    # capped for the largest TP the case may run at (tests.properties.on: cuda-tp4 runs it at TP4)
+    # capped for the largest TP the case may run at (fixtures.properties.on: cuda-tp4 runs it at TP4)
     byte_cap = MAX_WORKLOAD_BYTES // (layout.bytes_per_token * max(tps + (4,)) * max_stores)
     max_chunks = max(1, min(160, max_tokens // c, byte_cap // c))
     mode = draw(st.sampled_from(modes))
@@ -148,8 +148,8 @@ def workloads(
 
 def reserve_last_tokens() -> st.SearchStrategy[bool]:
     """Both values where the build's scheduler adapter takes `reserve_last_token`
-    (fixtures.capabilities), else only the default False."""
-    from fixtures import capabilities as caps
+    (fixtures.compat.capabilities), else only the default False."""
+    from fixtures.compat import capabilities as caps
 
     return st.booleans() if caps.has("reserve_last_token") else st.just(False)
 

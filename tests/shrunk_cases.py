@@ -1,5 +1,5 @@
 """Fixed cases every run replays as `@example`s: the shrunk case of every self-check
-(tests/selfchecks.py and tests/test_selfchecks.py; the README's table) and the bug
+(fixtures/selfchecks.py and tests/test_selfchecks.py; the README's table) and the bug
 report's bracket. Each runs on the ordinary (fault-free) server, where it must pass.
 
 A shrunk case kept as an example keeps the property honest at the exact size where a
@@ -9,9 +9,9 @@ still runs it.
 
 from __future__ import annotations
 
-from fixtures.kvmodel import KVLayout
-from fixtures.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.server import ServerOptions
+from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
+from fixtures.drivers.server import ServerOptions
+from fixtures.oracle.kvmodel import KVLayout
 
 #: the layout every self-check shrinks to
 TINY = KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4)

@@ -1,4 +1,4 @@
-"""The connector under a busy engine (fixtures/busy_connector.py): many requests,
+"""The connector under a busy engine (fixtures/machines/busy_connector.py): many requests,
 preemption, aborts, block pressure, settle timing, a server restart with L2.
 
 The machine runs vLLM's real Scheduler with a KV block pool too small for every
@@ -18,14 +18,22 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from fixtures.drivers.scenario import PromptSpec
+from fixtures.drivers.vllm_model import ModelShape
 from fixtures.errors import HarnessError
-from fixtures import verdicts
-from fixtures.programs import program_text
-from fixtures.busy_connector import RULES, BusyConfig, Recorder, fails, first_failure, machine_for, run_program
-from fixtures.scenario import PromptSpec
-from fixtures.vllm_model import ModelShape
-from tests.properties import budget
-from tests.selfchecks import shrink_program
+from fixtures.machines.busy_connector import (
+    RULES,
+    BusyConfig,
+    Recorder,
+    fails,
+    first_failure,
+    machine_for,
+    run_program,
+)
+from fixtures.machines.programs import program_text
+from fixtures.oracle import verdicts
+from fixtures.properties import budget
+from fixtures.selfchecks import shrink_program
 
 pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
 pytestmark = [pytest.mark.connector, pytest.mark.stateful, pytest.mark.busy]

@@ -22,7 +22,7 @@ import uuid
 import psutil
 import pytest
 
-from fixtures.polling import poll_until
+from fixtures.drivers.polling import poll_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAG = "LMCACHE_PBT_CLEANUP_TAG"

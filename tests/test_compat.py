@@ -1,6 +1,6 @@
 """The build-compatibility layer: capability probe, version-aware known issues, matrix report.
 
-Cheap (no server): the probe result is the session's cached one (fixtures.capabilities).
+Cheap (no server): the probe result is the session's cached one (fixtures.compat.capabilities).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from fixtures import capabilities, known_issues, matrix, preflight
+from fixtures.compat import capabilities, known_issues, matrix, preflight
 
 
 def test_probe_reports_the_installed_build():
@@ -75,6 +75,6 @@ def test_every_fault_names_the_code_it_patches():
     from fixtures import faults
 
     missing = sorted(f"fault:{n}" for n in faults.REGISTRY if f"fault:{n}" not in capabilities.PATHS)
-    assert not missing, f"faults with no entry in fixtures.capabilities.PATHS: {missing}"
+    assert not missing, f"faults with no entry in fixtures.compat.capabilities.PATHS: {missing}"
     absent = {n: capabilities.get().why(f"fault:{n}") for n in faults.REGISTRY if not capabilities.has(f"fault:{n}")}
     assert not absent or preflight.installed("lmcache") != "0.5.6", absent

@@ -3,7 +3,7 @@
 The flow is the bug report's: request 1 computes cold and stores; vLLM's prefix
 cache is reset (POST /reset_prefix_cache) or kept; request 2 is served from
 LMCache. Checked per rank and per KV group (full attention, sliding window,
-GDN recurrent state): fixtures/connector_invariants.py.
+GDN recurrent state): fixtures/oracle/connector_invariants.py.
 """
 
 from dataclasses import replace
@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures import connector_invariants as ci
-from fixtures import verdicts
-from fixtures.connector import ConnectorCase, run_case
-from fixtures.devices import KV_DEVICES
+from fixtures.drivers.connector import ConnectorCase, run_case
+from fixtures.drivers.devices import KV_DEVICES
+from fixtures.drivers.scenario import PromptSpec
+from fixtures.drivers.vllm_model import ModelShape
 from fixtures.observe import event
-from fixtures.scenario import PromptSpec
-from fixtures.vllm_model import ModelShape
+from fixtures.oracle import connector_invariants as ci
+from fixtures.oracle import verdicts
+from fixtures.properties import budget
 from strategies.hybrid import FAMILIES, connector_cases
-from tests.properties import budget
 
 pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
 pytestmark = pytest.mark.connector
@@ -32,7 +32,7 @@ QWEN3_NEXT = ModelShape("qwen3_next", 4, ("gdn", "gdn", "gdn", "full"), num_kv_h
 
 
 def on_device(case: ConnectorCase, kv_device: str) -> ConnectorCase:
-    """The case with its KV caches on `kv_device` (fixtures.devices); cuda-tp4 runs the
+    """The case with its KV caches on `kv_device` (fixtures.drivers.devices); cuda-tp4 runs the
     attention-only models at TP4 (GDN models keep their TP: one KV head per rank)."""
     d = KV_DEVICES[kv_device]
     tp = case.tp if case.shape.family == "qwen3_next" else d.tp_for(case.tp)
@@ -66,7 +66,7 @@ def test_engine_is_told_exactly_what_is_restored(harness, family, kv_device, dat
 @pytest.mark.parametrize("separate", [False, True], ids=["shared-groups", "separate-groups"])
 def test_full_hit_at_chunk_boundaries(harness, shape, tp, delta, separate, kv_device):
     """A prompt of exactly k chunks, one token less, one token more: stored, reset, served again."""
-    from fixtures.connector import resolved_block_size
+    from fixtures.drivers.connector import resolved_block_size
 
     n = 3 * resolved_block_size(shape) + delta
     check_case(harness, on_device(ConnectorCase(shape, tp=tp, separate_object_groups=separate,
@@ -82,7 +82,7 @@ def test_report_flow_at_100_plus_chunks(harness, shape, tp, mult, chunks, step, 
     The hybrid case prefills 10 chunks a step: with steps that end between chunk
     boundaries (8192) LMCache 0.5.6 restores no GDN state for its hit, pinned in
     tests/test_known_issues.py::test_a_gdn_hit_restores_the_state_vllm_resumes_from."""
-    from fixtures.connector import resolved_block_size
+    from fixtures.drivers.connector import resolved_block_size
 
     n = chunks * resolved_block_size(shape) * mult
     case = ConnectorCase(shape, chunk_multiple=mult, separate_object_groups=True, tp=tp,

@@ -1,6 +1,6 @@
 """Proof that the connector properties catch faults at the connector boundary.
 
-Two faults (fixtures/faults.py), each run through test_connector.py's own
+Two faults (fixtures/faults/__init__.py), each run through test_connector.py's own
 strategy and invariants, must be caught and shrink to a small case:
 
 - connector_tells_one_less (client side: vLLM's scheduler-role connector lives
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from fixtures import connector_invariants as ci
 from fixtures import faults, repro
-from tests.selfchecks import search_for_failure
+from fixtures.oracle import connector_invariants as ci
+from fixtures.selfchecks import search_for_failure
 
 pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
 pytestmark = [pytest.mark.connector, pytest.mark.selfcheck]
@@ -66,7 +66,7 @@ CHECKS = [
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.id)
 def test_connector_fault_is_caught_and_shrunk(harness, check):
-    from fixtures.connector import case_server, run_case
+    from fixtures.drivers.connector import case_server, run_case
 
     def body(case):
         with faults.active(check.fault if not check.server_side else ""):

@@ -3,14 +3,14 @@
 import pytest
 from hypothesis import example, given, settings
 
-from fixtures import invariants
-from fixtures.engine import MODES
-from fixtures.kvmodel import KVLayout
-from fixtures.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.server import ServerOptions
+from fixtures.drivers.engine import MODES
+from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
+from fixtures.drivers.server import ServerOptions
+from fixtures.oracle import invariants
+from fixtures.oracle.kvmodel import KVLayout
+from fixtures.properties import budget, judge, observe, on
 from strategies import workloads
 from tests import shrunk_cases as shrunk
-from tests.properties import budget, judge, observe, on
 from tests.test_hits import DRAWN
 
 

@@ -1,6 +1,6 @@
 """The real vLLM engine (CPU build) over LMCache: what the user sees must not change.
 
-Each example runs fixtures.engine_flow's flow (cold alone / store / vLLM's own
+Each example runs fixtures.drivers.engine_flow's flow (cold alone / store / vLLM's own
 prefix-cache hit / reset_prefix_cache + warm from LMCache) on a real
 `vllm.LLM` with LMCacheMPConnector against the suite's `lmcache server`, and
 checks: warm == cold and warm == vLLM's prefix-cache hit, token ids and
@@ -11,17 +11,23 @@ what it moved; nothing fails, hangs or crashes. Failures shrink and write an
 
 from __future__ import annotations
 
-import pytest
 import random
 
+import pytest
 from hypothesis import example, given, settings
 
-from fixtures import verdicts
-from fixtures.engine_flow import CHECKS, EngineCase, check, report, run_engine_case
+from fixtures.drivers.engine_flow import (
+    CHECKS,
+    EngineCase,
+    check,
+    report,
+    run_engine_case,
+)
+from fixtures.drivers.real_engine import EngineOptions, EngineStartError
 from fixtures.observe import event
-from fixtures.real_engine import EngineOptions, EngineStartError
+from fixtures.oracle import verdicts
+from fixtures.properties import budget
 from strategies.engine import engine_cases
-from tests.properties import budget
 
 pytestmark = pytest.mark.engine
 

@@ -1,6 +1,6 @@
 """Proof that the engine tier's differential properties catch real faults and shrink them.
 
-Each fault (fixtures/faults.py) runs under test_engine.py's own strategy and checks, on an
+Each fault (fixtures/faults/__init__.py) runs under test_engine.py's own strategy and checks, on an
 engine + server of its own, and must be caught and shrunk to the stated bound:
 
 - skip_retrieve_after:1 (server, lmcache_driven): a retrieve silently transfers only its first chunk;
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import pytest
 
 from fixtures import repro
-from fixtures.engine_flow import check, run_engine_case
-from fixtures.real_engine import EngineOptions
+from fixtures.drivers.engine_flow import check, run_engine_case
+from fixtures.drivers.real_engine import EngineOptions
+from fixtures.selfchecks import search_for_failure
 from strategies.engine import engine_cases
-from tests.selfchecks import search_for_failure
 
 pytestmark = [pytest.mark.engine, pytest.mark.selfcheck]
 

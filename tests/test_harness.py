@@ -12,12 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures import faults, invariants, kvmodel, repro
-from fixtures import metrics as M
+from fixtures import faults, repro
+from fixtures.drivers import metrics as M
+from fixtures.drivers.metrics import Metrics
+from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
+from fixtures.drivers.server import LMCacheServer, ServerOptions
 from fixtures.errors import ServerStartError
-from fixtures.metrics import Metrics
-from fixtures.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.server import LMCacheServer, ServerOptions
+from fixtures.oracle import invariants, kvmodel
 from strategies import workloads
 
 

@@ -3,10 +3,10 @@
 import pytest
 from hypothesis import example, given, settings
 
-from fixtures.engine import MODES
+from fixtures.drivers.engine import MODES
+from fixtures.properties import budget, judge, observe, on
 from strategies import workloads
 from tests import shrunk_cases as shrunk
-from tests.properties import budget, judge, observe, on
 
 #: every case is drawn in one transfer mode; the `mode` parameter says which it runs in
 DRAWN = ("lmcache_driven",)

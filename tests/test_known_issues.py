@@ -1,9 +1,9 @@
 """LMCache 0.5.6 behaviour the properties found, pinned as minimal regression cases.
 
 Each is `xfail(strict=True)` on the builds it is known to hold for (KNOWN_ON,
-fixtures.known_issues): it fails there for the stated reason, and the suite turns
+fixtures.compat.known_issues): it fails there for the stated reason, and the suite turns
 red the day LMCache changes that behaviour, so the pin and the tolerance in
-fixtures/invariants.py can be removed. On any other build it runs as an ordinary
+fixtures/oracle/invariants.py can be removed. On any other build it runs as an ordinary
 property (pass or fail).
 """
 
@@ -11,16 +11,15 @@ import time
 
 import pytest
 
-from fixtures import verdicts
-from fixtures import invariants
-from fixtures.engine import Engine
-from fixtures.known_issues import known_issue
-from fixtures.kvmodel import KVLayout
-from fixtures.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.server import ServerOptions
+from fixtures.compat.known_issues import known_issue
+from fixtures.drivers.engine import Engine
+from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
+from fixtures.drivers.server import ServerOptions
+from fixtures.oracle import invariants, verdicts
+from fixtures.oracle.kvmodel import KVLayout
 
 #: the LMCache builds these findings are known to hold on (a PEP 440 specifier;
-#: measured with ci/matrix.sh and fixtures.bisect, README "Version matrix"). Findings
+#: measured with ci/matrix.sh and fixtures.compat.bisect, README "Version matrix"). Findings
 #: not yet measured on other builds stay at the build they were found on.
 KNOWN_ON = "==0.5.6"
 #: the same assertion fails on 0.5.0 and 0.5.1 (matrix) and 0.5.6: older than 0.5.6
@@ -119,14 +118,14 @@ def test_a_store_that_does_not_fit_makes_room(harness):
 
 
 # ---------------------------------------------------------------------------
-# The connector (fixtures.connector): vLLM's own configs and scheduler
+# The connector (fixtures.drivers.connector): vLLM's own configs and scheduler
 # ---------------------------------------------------------------------------
 
 
 def _connector():
     pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
-    from fixtures import connector
-    from fixtures.vllm_model import ModelShape
+    from fixtures.drivers import connector
+    from fixtures.drivers.vllm_model import ModelShape
 
     return connector, ModelShape
 
@@ -185,7 +184,7 @@ NULL_BLOCK_CASES = {
                                                               "without --separate-object-groups")
 def test_chunks_a_group_does_not_hold_skip_the_null_block(harness, case_id):
     connector, ModelShape = _connector()
-    from fixtures import connector_invariants
+    from fixtures.oracle import connector_invariants
 
     kinds, window, separate, mult, step = NULL_BLOCK_CASES[case_id]
     family = "gemma3_text" if "sliding" in kinds else "qwen3_next"
@@ -214,7 +213,7 @@ def test_chunks_a_group_does_not_hold_skip_the_null_block(harness, case_id):
                                                               "report's wrong context)")
 def test_a_gdn_hit_restores_the_state_vllm_resumes_from(harness):
     connector, ModelShape = _connector()
-    from fixtures import connector_invariants
+    from fixtures.oracle import connector_invariants
 
     shape = _tiny_gdn(ModelShape)
     # chunk 4 x 48 = 192 tokens, 20 chunks, 512-token prefill steps (not a multiple of 192)
@@ -234,7 +233,7 @@ def test_a_gdn_hit_restores_the_state_vllm_resumes_from(harness):
                                                               "so a restored GDN state is invisible to the engine")
 def test_cpu_shm_migration_repoints_every_view(harness):
     connector, ModelShape = _connector()
-    from fixtures import connector_invariants
+    from fixtures.oracle import connector_invariants
 
     shape = _tiny_gdn(ModelShape)
     case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 200),
@@ -276,7 +275,7 @@ def test_mamba_cache_mode_all_fails_loudly_at_configuration():
     """mamba_cache_mode: 'align' and 'none' are in the generated mix (strategies/hybrid.py) and
     served; vLLM 0.33's CacheConfig rejects 'all' for the GDN models here, before any KV moves."""
     connector, ModelShape = _connector()
-    from fixtures import vllm_model
+    from fixtures.drivers import vllm_model
 
     shape = _tiny_gdn(ModelShape, mamba_cache_mode="all")
     with pytest.raises(ValueError, match="mamba_cache_mode"):
@@ -292,7 +291,7 @@ def test_mamba_cache_mode_all_fails_loudly_at_configuration():
                                                               "holds later tokens' KV and a later full hit restores it")
 def test_a_store_copies_blocks_before_vllm_reuses_them(harness):
     connector, ModelShape = _connector()
-    from fixtures import connector_invariants
+    from fixtures.oracle import connector_invariants
 
     shape = ModelShape("gemma3_text", 2, ("sliding", "full"), num_kv_heads=4, head_dim=16, block_size=32,
                        sliding_window=32)
@@ -359,8 +358,13 @@ def test_a_failed_load_does_not_crash_vllms_scheduler(harness, family):
 def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
     """Found by the busy-engine machine (tests/test_busy_connector.py): add; step; abort; drain."""
     pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
-    from fixtures.busy_connector import BusyConfig, _lock_counts, machine_for, run_program
-    from fixtures.vllm_model import ModelShape
+    from fixtures.drivers.vllm_model import ModelShape
+    from fixtures.machines.busy_connector import (
+        BusyConfig,
+        _lock_counts,
+        machine_for,
+        run_program,
+    )
 
     cfg = BusyConfig(ModelShape("llama", 1, ("full",), num_kv_heads=1, head_dim=16, block_size=16,
                                 mamba_cache_mode="none"), tps=(1,), chunk_multiple=2, l2=False)

@@ -3,10 +3,10 @@
 import pytest
 from hypothesis import example, given, settings
 
-from fixtures import invariants
+from fixtures.oracle import invariants
+from fixtures.properties import budget, judge, observe, on
 from strategies import long_prefix_workloads
 from tests import shrunk_cases as shrunk
-from tests.properties import budget, judge, observe, on
 
 
 @pytest.mark.long

@@ -1,7 +1,7 @@
 """Proof that a green run means something: every invariant fails on a real injected fault.
 
 Each case starts a fresh `lmcache server` with one fault patched into its code
-(fixtures.faults, via fixtures/inject/sitecustomize.py), runs the property's
+(fixtures.faults, via fixtures/faults/inject/sitecustomize.py), runs the property's
 own Hypothesis search against it, and asserts that it fails and that the
 shrunk case is as small as stated. The shrunk case is printed (-s or -rA).
 """
@@ -12,7 +12,7 @@ import os
 import pytest
 
 from fixtures import repro
-from tests.selfchecks import SELF_CHECKS, hunt
+from fixtures.selfchecks import SELF_CHECKS, hunt
 
 
 @pytest.mark.selfcheck
@@ -49,15 +49,15 @@ TWO_FAULTS = ("chunk_hash_off_by_one", "swap_retrieved_chunks:1")
 
 @pytest.mark.selfcheck
 def test_two_faults_are_reported_as_two_bugs(harness):
-    """One exception type per invariant (fixtures.verdicts): with two faults injected at once,
+    """One exception type per invariant (fixtures.oracle.verdicts): with two faults injected at once,
     Hypothesis' report_multiple_bugs reports the divergence property's two broken invariants as
     two failures, each shrunk on its own (neither is shrunk into the other)."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from fixtures.server import ServerOptions
-    from fixtures.verdicts import BitIdentityViolation, HitAccountingViolation
-    from tests.properties import PROPERTIES
+    from fixtures.drivers.server import ServerOptions
+    from fixtures.oracle.verdicts import BitIdentityViolation, HitAccountingViolation
+    from fixtures.properties import PROPERTIES
 
     opts = ServerOptions(chunk_size=16, faults=TWO_FAULTS)
     prop = PROPERTIES["divergence"]

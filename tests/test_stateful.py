@@ -1,4 +1,4 @@
-"""Histories: interleavings, settle timing, L1/L2 tiers, restarts, eviction (fixtures/stateful.py).
+"""Histories: interleavings, settle timing, L1/L2 tiers, restarts, eviction (fixtures/machines/stateful.py).
 
 The machine runs on its own server (chunk 16, 32 MiB L1, fs L2) shared by
 engine A (TP2, lmcache_driven), engine B (TP1, engine_driven, another model)
@@ -13,12 +13,20 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from fixtures import verdicts
-from fixtures.programs import program_text
-from fixtures.server import ServerOptions
-from fixtures.stateful import RULES, MachineConfig, Recorder, first_failure, machine_for, run_program, tour
-from tests.properties import budget
-from tests.selfchecks import shrink_program
+from fixtures.drivers.server import ServerOptions
+from fixtures.machines.programs import program_text
+from fixtures.machines.stateful import (
+    RULES,
+    MachineConfig,
+    Recorder,
+    first_failure,
+    machine_for,
+    run_program,
+    tour,
+)
+from fixtures.oracle import verdicts
+from fixtures.properties import budget
+from fixtures.selfchecks import shrink_program
 
 #: steps per program; examples per run come from the profile (budget)
 STEPS = int(os.environ.get("LMCACHE_PBT_STATEFUL_STEPS", "14"))

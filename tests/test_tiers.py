@@ -1,4 +1,4 @@
-"""Where a hit is served from, and a looked-up hit under eviction (fixtures.tiers).
+"""Where a hit is served from, and a looked-up hit under eviction (fixtures.drivers.tiers).
 
 * tier_attribution: the lookup's L1/L2 counters book each hit chunk to the tier that served it
   (fs L2 server: store, write through, clear L1, store a prefix again, look up + retrieve);
@@ -11,14 +11,24 @@ property's Hypothesis search and shrunk to the bound stated; the shrunk case is 
 import pytest
 from hypothesis import example, given, settings, target
 
-from fixtures.kvmodel import KVLayout
-from fixtures.scenario import PromptSpec
-from fixtures.server import ServerOptions
-from fixtures.tiers import (HOLD_SERVER, TIER_SERVER, HoldCase, TierCase, check_hold, check_tiers, hold_property,
-                            run_hold, run_tiers, tier_property)
+from fixtures.drivers.scenario import PromptSpec
+from fixtures.drivers.server import ServerOptions
+from fixtures.drivers.tiers import (
+    HOLD_SERVER,
+    TIER_SERVER,
+    HoldCase,
+    TierCase,
+    check_hold,
+    check_tiers,
+    hold_property,
+    run_hold,
+    run_tiers,
+    tier_property,
+)
+from fixtures.oracle.kvmodel import KVLayout
+from fixtures.properties import budget
+from fixtures.selfchecks import search_for_failure
 from strategies.tiers import hold_cases, tier_cases
-from tests.properties import budget
-from tests.selfchecks import search_for_failure
 
 TINY = KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4)
 

@@ -3,10 +3,10 @@
 import pytest
 from hypothesis import example, given, settings
 
-from fixtures.engine import MODES
+from fixtures.drivers.engine import MODES
+from fixtures.properties import budget, judge, observe, on
 from strategies import workloads
 from tests import shrunk_cases as shrunk
-from tests.properties import budget, judge, observe, on
 from tests.test_hits import DRAWN
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-from fixtures import procs  # noqa: F401  (telemetry off before lmcache is imported)
+from fixtures.drivers import procs  # noqa: F401  (telemetry off before lmcache is imported)
 
 try:
     import atheris

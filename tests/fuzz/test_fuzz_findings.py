@@ -17,15 +17,15 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from fixtures import capabilities as _caps
+from fixtures.compat import capabilities as _caps
 
 # the targets import LMCache modules that moved between releases: skip, in one line, where absent
 _caps.require_module("fuzz:key_codec", "fuzz:server_requests")
 
-from fixtures.known_issues import known_issue
-from fixtures.server import ServerOptions
+from fixtures.compat.known_issues import known_issue
+from fixtures.drivers.server import ServerOptions
 
-#: the builds each finding is known to hold on (fixtures.known_issues; measured by ci/matrix.sh)
+#: the builds each finding is known to hold on (fixtures.compat.known_issues; measured by ci/matrix.sh)
 FUZZ_KNOWN_ON: dict[str, str] = {}
 from tests.fuzz import _common, key_codec, server_requests
 from tests.fuzz._common import KNOWN, KnownFinding

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures import capabilities as _caps
+from fixtures.compat import capabilities as _caps
 
 # the targets import LMCache modules that moved between releases: skip, in one line, where absent
 _caps.require_module("fuzz:chunk_hash", "fuzz:key_codec", "fuzz:server_requests")
@@ -22,7 +22,7 @@ from lmcache.v1.distributed.l2_adapters import fs_l2_adapter
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.token_hasher import TokenHasher
 
-from fixtures.server import ServerOptions
+from fixtures.drivers.server import ServerOptions
 from tests.fuzz import chunk_hash, key_codec, server_requests
 from tests.fuzz._common import Finding
 

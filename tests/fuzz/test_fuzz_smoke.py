@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures import capabilities as _caps
+from fixtures.compat import capabilities as _caps
 
 # the targets import LMCache modules that moved between releases: skip, in one line, where absent
 _caps.require_module("fuzz:chunk_hash", "fuzz:key_codec", "fuzz:server_requests")
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from fixtures.server import ServerOptions
+from fixtures.drivers.server import ServerOptions
+from fixtures.properties import budget
 from tests.fuzz import _common, chunk_hash, key_codec, seeds, server_requests
-from tests.properties import budget
 
 pytestmark = pytest.mark.fuzz
 
