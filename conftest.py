@@ -101,30 +101,6 @@ def pytest_report_header(config):
 
 
 # ---------------------------------------------------------------------------
-# Session fixtures: one server pool, one rank pool, one engine cache per worker
-# ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def harness(request):
-    from fixtures.drivers.engine import RankPool
-    from fixtures.drivers.harness import Harness
-    from fixtures.drivers.server import ExternalServer, ServerPool
-
-    cfg = request.config
-    external = None
-    if cfg.getoption("--lmcache-url"):
-        external = ExternalServer(cfg.getoption("--lmcache-url"), cfg.getoption("--lmcache-http"),
-                                  cfg.getoption("--lmcache-tap"))
-    h = Harness(ServerPool(external=external, max_running=int(os.environ.get("LMCACHE_PBT_MAX_SERVERS", "4"))),
-                RankPool(size=4))
-    try:
-        yield h
-    finally:
-        h.close()
-
-
-# ---------------------------------------------------------------------------
 # Reports: one line for environment errors; repro files for property failures
 # ---------------------------------------------------------------------------
 
@@ -191,17 +167,3 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture(scope="session")
-def engine_pool(harness):
-    """Real vLLM engines (fixtures.drivers.real_engine), one per option set, for this xdist worker.
-    Skips with one line when the engine environment (.venv-engine) is not built."""
-    from fixtures.drivers.real_engine import EnginePool, skip_reason
-
-    why = skip_reason()
-    if why:
-        pytest.skip(why)
-    pool = EnginePool(harness)
-    try:
-        yield pool
-    finally:
-        pool.close()

@@ -28,7 +28,8 @@ from fixtures.drivers import procs  # noqa: E402,F401  (telemetry off)
 
 
 def bench_server_start(n: int) -> list[float]:
-    from fixtures.drivers.server import LMCacheServer, ServerOptions
+    from fixtures.case.server import ServerOptions
+    from fixtures.drivers.server import LMCacheServer
 
     out = []
     for _ in range(n):
@@ -95,10 +96,11 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
     per transfer mode, and each engine self-check's time to first failure and to the shrunk case."""
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from fixtures.drivers.engine_flow import check, run_engine_case
+    from fixtures.case.engine import DENSE, HYBRID, SLIDING, WINDOW
+    from fixtures.drivers.engine_flow import run_engine_case
     from fixtures.drivers.real_engine import EnginePool, skip_reason
+    from fixtures.oracle.engine import check
     from strategies.engine import engine_cases
-    from tests.test_engine import DENSE, HYBRID, SLIDING, WINDOW
 
     why = skip_reason()
     if why:
@@ -133,8 +135,8 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
             out["modes"].append(row)
             print(table([row], list(row)), flush=True)
         if faults:
+            from fixtures.selfchecks import ENGINE_SELF_CHECKS as CHECKS
             from fixtures.selfchecks import search_for_failure
-            from tests.test_engine_selfchecks import CHECKS
 
             frows = []
             for sc in CHECKS:

@@ -15,8 +15,7 @@ import random
 
 from hypothesis import strategies as st
 
-from fixtures.drivers.engine_flow import EngineCase
-from fixtures.drivers.real_engine import EngineOptions
+from fixtures.case.engine import EngineCase, EngineOptions
 
 VOCAB = (3, 500)
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fixtures.drivers.connector import ConnectorCase, resolved_block_size
-from fixtures.drivers.scenario import PromptSpec
-from fixtures.drivers.vllm_model import ModelShape
+from fixtures.case.connector import ConnectorCase
+from fixtures.case.model import ModelShape
+from fixtures.case.workload import PromptSpec
+from fixtures.drivers.vllm_model import resolved_block_size
 
 FAMILIES = ("llama", "gemma3_text", "qwen3_next")
 

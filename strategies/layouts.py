@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fixtures.oracle.kvmodel import KVLayout
+from fixtures.case.layout import KVLayout
 
 DTYPES = ("fp16", "bf16", "fp32")
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fixtures.drivers.engine import MODES
-from fixtures.drivers.scenario import PromptSpec, StoreSpec
-from fixtures.drivers.tiers import HOLD_SERVER, TIER_SERVER, HoldCase, TierCase
+from fixtures.case.tiers import HOLD_SERVER, TIER_SERVER, HoldCase, TierCase
+from fixtures.case.workload import MODES, PromptSpec, StoreSpec
 from strategies.layouts import kv_layouts
 from strategies.workloads import QUERY_KINDS, query_for
 

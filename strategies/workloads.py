@@ -7,9 +7,8 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from fixtures.drivers.engine import MODES
-from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.drivers.server import ServerOptions
+from fixtures.case.server import ServerOptions
+from fixtures.case.workload import MODES, PromptSpec, StoreSpec, Workload
 from strategies.layouts import kv_layouts, rank_layouts, tiny_layouts
 
 #: Chunk sizes a run draws from. Each distinct value is one server per xdist

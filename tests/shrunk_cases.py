@@ -9,9 +9,9 @@ still runs it.
 
 from __future__ import annotations
 
-from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.drivers.server import ServerOptions
-from fixtures.oracle.kvmodel import KVLayout
+from fixtures.case.layout import KVLayout
+from fixtures.case.server import ServerOptions
+from fixtures.case.workload import PromptSpec, StoreSpec, Workload
 
 #: the layout every self-check shrinks to
 TINY = KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4)

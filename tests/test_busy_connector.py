@@ -18,8 +18,8 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from fixtures.drivers.scenario import PromptSpec
-from fixtures.drivers.vllm_model import ModelShape
+from fixtures.case.model import ModelShape
+from fixtures.case.workload import PromptSpec
 from fixtures.errors import HarnessError
 from fixtures.machines.busy_connector import (
     RULES,

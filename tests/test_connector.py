@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures.drivers.connector import ConnectorCase, run_case
+from fixtures.case.connector import ConnectorCase
+from fixtures.case.model import ModelShape
+from fixtures.case.workload import PromptSpec
+from fixtures.drivers.connector import run_case
 from fixtures.drivers.devices import KV_DEVICES
-from fixtures.drivers.scenario import PromptSpec
-from fixtures.drivers.vllm_model import ModelShape
 from fixtures.observe import event
 from fixtures.oracle import connector_invariants as ci
 from fixtures.oracle import verdicts
@@ -66,7 +67,7 @@ def test_engine_is_told_exactly_what_is_restored(harness, family, kv_device, dat
 @pytest.mark.parametrize("separate", [False, True], ids=["shared-groups", "separate-groups"])
 def test_full_hit_at_chunk_boundaries(harness, shape, tp, delta, separate, kv_device):
     """A prompt of exactly k chunks, one token less, one token more: stored, reset, served again."""
-    from fixtures.drivers.connector import resolved_block_size
+    from fixtures.drivers.vllm_model import resolved_block_size
 
     n = 3 * resolved_block_size(shape) + delta
     check_case(harness, on_device(ConnectorCase(shape, tp=tp, separate_object_groups=separate,
@@ -82,7 +83,7 @@ def test_report_flow_at_100_plus_chunks(harness, shape, tp, mult, chunks, step, 
     The hybrid case prefills 10 chunks a step: with steps that end between chunk
     boundaries (8192) LMCache 0.5.6 restores no GDN state for its hit, pinned in
     tests/test_known_issues.py::test_a_gdn_hit_restores_the_state_vllm_resumes_from."""
-    from fixtures.drivers.connector import resolved_block_size
+    from fixtures.drivers.vllm_model import resolved_block_size
 
     n = chunks * resolved_block_size(shape) * mult
     case = ConnectorCase(shape, chunk_multiple=mult, separate_object_groups=True, tp=tp,

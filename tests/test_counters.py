@@ -3,11 +3,10 @@
 import pytest
 from hypothesis import example, given, settings
 
-from fixtures.drivers.engine import MODES
-from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.drivers.server import ServerOptions
+from fixtures.case.layout import KVLayout
+from fixtures.case.server import ServerOptions
+from fixtures.case.workload import MODES, PromptSpec, StoreSpec, Workload
 from fixtures.oracle import invariants
-from fixtures.oracle.kvmodel import KVLayout
 from fixtures.properties import budget, judge, observe, on
 from strategies import workloads
 from tests import shrunk_cases as shrunk

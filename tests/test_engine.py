@@ -16,48 +16,24 @@ import random
 import pytest
 from hypothesis import example, given, settings
 
-from fixtures.drivers.engine_flow import (
-    CHECKS,
+from fixtures.case.engine import (
+    DENSE,
+    HYBRID,
+    HYBRID_UNMODIFIED,
+    SLIDING,
+    SLIDING_ENGINE_DRIVEN,
+    WINDOW,
     EngineCase,
-    check,
-    report,
-    run_engine_case,
 )
-from fixtures.drivers.real_engine import EngineOptions, EngineStartError
+from fixtures.drivers.engine_flow import run_engine_case
+from fixtures.drivers.real_engine import EngineStartError
 from fixtures.observe import event
 from fixtures.oracle import verdicts
+from fixtures.oracle.engine import CHECKS, check, report
 from fixtures.properties import budget
 from strategies.engine import engine_cases
 
 pytestmark = pytest.mark.engine
-
-DENSE = {m: EngineOptions("llama-tiny", m, chunk=64) for m in ("lmcache_driven", "engine_driven")}
-# Hybrid GDN + attention: lmcache_driven only (engine_driven refuses hybrid KV cache groups by
-# design), --separate-object-groups, vLLM's own hybrid block size (128 here), SSM state float32
-# (pinned by the driver: "auto" depends on the CPU). The property runs with the GDN state views
-# re-pointed (LMCache 0.5.6 leaves them behind on CPU); the unmodified engine is pinned.
-HYBRID = EngineOptions("qwen3next-tight", "lmcache_driven", chunk=256, block_size=None, separate_object_groups=True,
-                       repoint_state_views=True)
-HYBRID_UNMODIFIED = EngineOptions("qwen3next-tight", "lmcache_driven", chunk=256, block_size=None,
-                                  separate_object_groups=True)
-
-
-# Sliding window (gemma3-sliding: 2 sliding layers, window 64, + 1 full layer). vLLM's CPU
-# platform keeps the hybrid KV cache manager on (LMCacheMPConnector supports it): 3 KV cache
-# groups, the sliding ones holding only in-window blocks. lmcache_driven, in both object-group
-# layouts: one group for every layer (chunk 64 = the window), and --separate-object-groups
-# with a sub-chunk window (chunk 96 > window 64: LMCache stores and restores only each
-# chunk's last 64 tokens of the sliding layers).
-WINDOW = 64
-# wait_for_stores: vLLM frees a sliding window's out-of-window blocks mid-prefill and reuses them;
-# LMCache 0.5.6's wait_for_save does not wait for the stores that still copy them (a known issue,
-# pinned in test_known_issues.py), which showed here as a flaky warm != cold in a loaded CI run.
-SLIDING = {
-    "shared-groups": EngineOptions("gemma3-sliding", "lmcache_driven", chunk=64, wait_for_stores=True),
-    "separate-groups-subchunk-window": EngineOptions("gemma3-sliding", "lmcache_driven", chunk=96,
-                                                     separate_object_groups=True, wait_for_stores=True),
-}
-SLIDING_ENGINE_DRIVEN = EngineOptions("gemma3-sliding", "engine_driven", chunk=64)
 
 
 def run_and_check(pool, case, names=CHECKS):

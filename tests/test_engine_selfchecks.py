@@ -26,57 +26,23 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
 import pytest
 
 from fixtures import repro
-from fixtures.drivers.engine_flow import check, run_engine_case
-from fixtures.drivers.real_engine import EngineOptions
-from fixtures.selfchecks import search_for_failure
+from fixtures.drivers.engine_flow import run_engine_case
+from fixtures.oracle.engine import check
+from fixtures.selfchecks import ENGINE_SELF_CHECKS, search_for_failure
 from strategies.engine import engine_cases
 
 pytestmark = [pytest.mark.engine, pytest.mark.selfcheck]
 
 
-@dataclass(frozen=True)
-class EngineSelfCheck:
-    fault: str
-    checks: tuple[str, ...]
-    max_chunks_shrunk: int
-    bound_text: str
-    client: bool = False
-    max_examples: int = 30
-    mode: str = "lmcache_driven"
-
-    @property
-    def id(self) -> str:
-        return f"{self.fault}->{'+'.join(self.checks)}" + ("" if self.mode == "lmcache_driven" else f"@{self.mode}")
-
-    def options(self) -> EngineOptions:
-        kw = {"client_faults": (self.fault,)} if self.client else {"server_faults": (self.fault,)}
-        return EngineOptions("llama-tiny", self.mode, chunk=64, **kw)
-
-    def small(self, case) -> bool:
-        c = case.engine.chunk
-        return len(case.prompts) == 1 and len(case.prompts[0]) <= self.max_chunks_shrunk * c + 1
-
-
-CHECKS = [
-    EngineSelfCheck("skip_retrieve_after:1", ("warm_equals_cold",), 2,
-                    "one prompt of 2 chunks (+1 token): the smallest hit with a chunk past the first"),
-    EngineSelfCheck("engine_driven_skip_retrieve_after:1", ("warm_equals_cold",), 2,
-                    "one prompt of 2 chunks (+1 token): the smallest hit with a chunk past the first",
-                    mode="engine_driven"),
-    EngineSelfCheck("connector_tells_one_less", ("hits",), 2,
-                    "one prompt of at most 2 chunks (+1 token)", client=True),
-]
-
 # Shrunk cases the self-checks found, kept as fixed examples of the plain property
 # (tests/test_engine.py runs them on every run; see the README's engine section).
 
 
-@pytest.mark.parametrize("sc", CHECKS, ids=lambda c: c.id)
+@pytest.mark.parametrize("sc", ENGINE_SELF_CHECKS, ids=lambda c: c.id)
 def test_engine_fault_is_caught_and_shrunk(engine_pool, sc):
     opts = sc.options()
 

@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import faults, repro
+from fixtures.case.layout import KVLayout
+from fixtures.case.server import ServerOptions
+from fixtures.case.workload import PromptSpec, StoreSpec, Workload
 from fixtures.drivers import metrics as M
 from fixtures.drivers.metrics import Metrics
-from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.drivers.server import LMCacheServer, ServerOptions
+from fixtures.drivers.server import LMCacheServer
 from fixtures.errors import ServerStartError
 from fixtures.oracle import invariants, kvmodel
 from strategies import workloads
@@ -32,7 +34,7 @@ def test_prompts_share_exactly_their_common_prefix():
 
 
 def test_model_kv_depends_on_the_prefix_only():
-    lay = kvmodel.KVLayout(num_layers=2, kv_heads_per_rank=2, head_dim=4, block_size=16)
+    lay = KVLayout(num_layers=2, kv_heads_per_rank=2, head_dim=4, block_size=16)
     a = PromptSpec(1, 64).tokens()
     b = PromptSpec(1, 64, flips=(33,)).tokens()
     ka = kvmodel.expected_blocks(lay, a, 0, 0, 4)
@@ -44,8 +46,8 @@ def test_model_kv_depends_on_the_prefix_only():
 
 
 def test_byte_counter_counts_written_elements():
-    lay = kvmodel.KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4, block_size=16)
-    kv = lay.allocate(8)
+    lay = KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4, block_size=16)
+    kv = kvmodel.allocate(lay, 8)
     before = kvmodel.snapshot(kv)
     data = kvmodel.expected_blocks(lay, PromptSpec(0, 32).tokens(), 0, 0, 2)
     kvmodel.write_blocks(kv, [3, 4], data)
@@ -57,7 +59,7 @@ def test_byte_counter_counts_written_elements():
 
 def test_model_hit_follows_prefixes_and_ranks():
     opts = ServerOptions(chunk_size=16)
-    lay = kvmodel.KVLayout()
+    lay = KVLayout()
     base = StoreSpec(PromptSpec(0, 64))
     assert invariants.model_hit(Workload(opts, 1, "lmcache_driven", lay, (base,), PromptSpec(0, 64))) == 64
     assert invariants.model_hit(Workload(opts, 1, "lmcache_driven", lay, (base,), PromptSpec(0, 63))) == 48
@@ -111,7 +113,7 @@ def test_a_bad_server_flag_is_one_clear_line(tmp_path):
 
 def test_repro_files_replay_the_same_case(tmp_path, monkeypatch):
     monkeypatch.setenv("LMCACHE_PBT_REPRO_DIR", str(tmp_path))
-    w = Workload(ServerOptions(chunk_size=16), 1, "lmcache_driven", kvmodel.KVLayout(),
+    w = Workload(ServerOptions(chunk_size=16), 1, "lmcache_driven", KVLayout(),
                  (StoreSpec(PromptSpec(0, 20)),), PromptSpec(0, 20))
     repro.set_current_test("tests/x.py::test_case")
     repro.remember("workload", w.to_json(), ["[hit_accounting] example"], ("hit_accounting",))

@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import example, given, settings
 
-from fixtures.drivers.engine import MODES
+from fixtures.case.workload import MODES
 from fixtures.properties import budget, judge, observe, on
 from strategies import workloads
 from tests import shrunk_cases as shrunk

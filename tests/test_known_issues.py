@@ -11,12 +11,14 @@ import time
 
 import pytest
 
+from fixtures.case.connector import ConnectorCase
+from fixtures.case.layout import KVLayout
+from fixtures.case.server import ServerOptions
+from fixtures.case.workload import PromptSpec, StoreSpec, Workload
 from fixtures.compat.known_issues import known_issue
 from fixtures.drivers.engine import Engine
-from fixtures.drivers.scenario import PromptSpec, StoreSpec, Workload
-from fixtures.drivers.server import ServerOptions
+from fixtures.drivers.vllm_model import resolved_block_size
 from fixtures.oracle import invariants, verdicts
-from fixtures.oracle.kvmodel import KVLayout
 
 #: the LMCache builds these findings are known to hold on (a PEP 440 specifier;
 #: measured with ci/matrix.sh and fixtures.compat.bisect, README "Version matrix"). Findings
@@ -124,8 +126,8 @@ def test_a_store_that_does_not_fit_makes_room(harness):
 
 def _connector():
     pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
+    from fixtures.case.model import ModelShape
     from fixtures.drivers import connector
-    from fixtures.drivers.vllm_model import ModelShape
 
     return connector, ModelShape
 
@@ -190,9 +192,9 @@ def test_chunks_a_group_does_not_hold_skip_the_null_block(harness, case_id):
     family = "gemma3_text" if "sliding" in kinds else "qwen3_next"
     shape = ModelShape(family, 2, kinds, num_kv_heads=1, head_dim=16, block_size=16, sliding_window=window,
                        linear_key_heads=1, linear_value_heads=2, linear_head_dim=16, mamba_cache_mode="align")
-    bs = connector.resolved_block_size(shape)
+    bs = resolved_block_size(shape)
     n = 7 * bs * mult
-    case = connector.ConnectorCase(shape, chunk_multiple=mult, tp=1, separate_object_groups=separate,
+    case = ConnectorCase(shape, chunk_multiple=mult, tp=1, separate_object_groups=separate,
                                    first=PromptSpec(3, n), second=PromptSpec(3, n),
                                    max_num_batched_tokens=step)
     obs = connector.run_case(harness, case)
@@ -217,7 +219,7 @@ def test_a_gdn_hit_restores_the_state_vllm_resumes_from(harness):
 
     shape = _tiny_gdn(ModelShape)
     # chunk 4 x 48 = 192 tokens, 20 chunks, 512-token prefill steps (not a multiple of 192)
-    case = connector.ConnectorCase(shape, chunk_multiple=4, tp=1, separate_object_groups=True,
+    case = ConnectorCase(shape, chunk_multiple=4, tp=1, separate_object_groups=True,
                                    first=PromptSpec(9, 3840), second=PromptSpec(9, 3840), max_num_batched_tokens=512)
     obs = connector.run_case(harness, case)
     found = connector_invariants.check(obs, ("restored_bit_identical",))
@@ -236,7 +238,7 @@ def test_cpu_shm_migration_repoints_every_view(harness):
     from fixtures.oracle import connector_invariants
 
     shape = _tiny_gdn(ModelShape)
-    case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 200),
+    case = ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 200),
                                    second=PromptSpec(4, 200))
     opts = connector.case_server(case)
     srv = harness.server(opts)
@@ -262,7 +264,7 @@ def test_hybrid_gdn_with_two_kv_heads_per_rank_registers(harness):
     from fixtures.errors import HarnessError
 
     shape = _tiny_gdn(ModelShape, num_kv_heads=2)
-    case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 64),
+    case = ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(4, 64),
                                    second=PromptSpec(4, 64))
     try:
         connector.run_case(harness, case)
@@ -300,7 +302,7 @@ def test_a_store_copies_blocks_before_vllm_reuses_them(harness):
     # exactly that sliding-window block. (Found by test_connector.py's generated cases.)
     # The server reads each store 300 ms late (fault slow_store, a busy server), so the
     # reuse lands before the read on every run instead of on a loaded runner only.
-    case = connector.ConnectorCase(shape, tp=4, separate_object_groups=True, first=PromptSpec(2, 785),
+    case = ConnectorCase(shape, tp=4, separate_object_groups=True, first=PromptSpec(2, 785),
                                    second=PromptSpec(2, 785, (127,)), max_num_batched_tokens=256,
                                    faults=("slow_store:300",))
     srv = harness.server(connector.case_server(case))
@@ -334,8 +336,8 @@ def test_a_failed_load_does_not_crash_vllms_scheduler(harness, family):
 
     connector, ModelShape = _connector()
     shape = ModelShape("llama", 1, ("full",)) if family == "llama" else _tiny_gdn(ModelShape)
-    bs = connector.resolved_block_size(shape)
-    case = connector.ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(0, 3 * bs),
+    bs = resolved_block_size(shape)
+    case = ConnectorCase(shape, tp=1, separate_object_groups=True, first=PromptSpec(0, 3 * bs),
                                    second=PromptSpec(0, 3 * bs), max_num_batched_tokens=bs if family != "llama" else 2048,
                                    faults=("retrieve_loses_last_chunk",))
     opts = connector.case_server(case)
@@ -358,7 +360,7 @@ def test_a_failed_load_does_not_crash_vllms_scheduler(harness, family):
 def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
     """Found by the busy-engine machine (tests/test_busy_connector.py): add; step; abort; drain."""
     pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
-    from fixtures.drivers.vllm_model import ModelShape
+    from fixtures.case.model import ModelShape
     from fixtures.machines.busy_connector import (
         BusyConfig,
         _lock_counts,

@@ -55,7 +55,7 @@ def test_two_faults_are_reported_as_two_bugs(harness):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from fixtures.drivers.server import ServerOptions
+    from fixtures.case.server import ServerOptions
     from fixtures.oracle.verdicts import BitIdentityViolation, HitAccountingViolation
     from fixtures.properties import PROPERTIES
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from fixtures.drivers.server import ServerOptions
+from fixtures.case.server import ServerOptions
 from fixtures.machines.programs import program_text
 from fixtures.machines.stateful import (
     RULES,

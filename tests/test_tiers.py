@@ -11,22 +11,13 @@ property's Hypothesis search and shrunk to the bound stated; the shrunk case is 
 import pytest
 from hypothesis import example, given, settings, target
 
-from fixtures.drivers.scenario import PromptSpec
-from fixtures.drivers.server import ServerOptions
-from fixtures.drivers.tiers import (
-    HOLD_SERVER,
-    TIER_SERVER,
-    HoldCase,
-    TierCase,
-    check_hold,
-    check_tiers,
-    hold_property,
-    run_hold,
-    run_tiers,
-    tier_property,
-)
-from fixtures.oracle.kvmodel import KVLayout
-from fixtures.properties import budget
+from fixtures.case.layout import KVLayout
+from fixtures.case.server import ServerOptions
+from fixtures.case.tiers import HOLD_SERVER, TIER_SERVER, HoldCase, TierCase
+from fixtures.case.workload import PromptSpec
+from fixtures.drivers.tiers import run_hold, run_tiers
+from fixtures.oracle.tiers import check_hold, check_tiers
+from fixtures.properties import budget, hold_property, tier_property
 from fixtures.selfchecks import search_for_failure
 from strategies.tiers import hold_cases, tier_cases
 

@@ -256,9 +256,9 @@ class Session:
         return self
 
     def _open_engine(self) -> None:
+        from fixtures.case.layout import KVLayout
+        from fixtures.case.workload import PromptSpec
         from fixtures.drivers.engine import Engine
-        from fixtures.drivers.scenario import PromptSpec
-        from fixtures.oracle.kvmodel import KVLayout
 
         if self.server.chunk_size != CHUNK:
             raise SuiteError(f"the fuzz server must run with chunk size {CHUNK}, not {self.server.chunk_size}")
@@ -527,8 +527,9 @@ def TestOneInput(data: bytes) -> None:
 
 def _start_session() -> tuple[Session, list]:
     """The server (external or started here), a one-rank pool, the session. Returns what to close."""
+    from fixtures.case.server import ServerOptions
     from fixtures.drivers.engine import RankPool
-    from fixtures.drivers.server import ExternalServer, LMCacheServer, ServerOptions
+    from fixtures.drivers.server import ExternalServer, LMCacheServer
 
     closers: list = []
     url, http = os.environ.get("LMCACHE_FUZZ_URL"), os.environ.get("LMCACHE_FUZZ_HTTP")

@@ -22,8 +22,8 @@ from fixtures.compat import capabilities as _caps
 # the targets import LMCache modules that moved between releases: skip, in one line, where absent
 _caps.require_module("fuzz:key_codec", "fuzz:server_requests")
 
+from fixtures.case.server import ServerOptions
 from fixtures.compat.known_issues import known_issue
-from fixtures.drivers.server import ServerOptions
 
 #: the builds each finding is known to hold on (fixtures.compat.known_issues; measured by ci/matrix.sh)
 FUZZ_KNOWN_ON: dict[str, str] = {}

@@ -22,7 +22,7 @@ from lmcache.v1.distributed.l2_adapters import fs_l2_adapter
 from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 from lmcache.v1.multiprocess.token_hasher import TokenHasher
 
-from fixtures.drivers.server import ServerOptions
+from fixtures.case.server import ServerOptions
 from tests.fuzz import chunk_hash, key_codec, server_requests
 from tests.fuzz._common import Finding
 

@@ -17,7 +17,7 @@ _caps.require_module("fuzz:chunk_hash", "fuzz:key_codec", "fuzz:server_requests"
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from fixtures.drivers.server import ServerOptions
+from fixtures.case.server import ServerOptions
 from fixtures.properties import budget
 from tests.fuzz import _common, chunk_hash, key_codec, seeds, server_requests
 
