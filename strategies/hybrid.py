@@ -71,7 +71,7 @@ SECOND = ("same", "one_less", "one_more", "extended", "prefix", "flipped")
 def connector_cases(draw, families: tuple[str, ...] = FAMILIES, tps: tuple[int, ...] = (1, 2, 4),
                     min_chunks: int = 0, max_chunks: int = 24, chunk_multiples: tuple[int, ...] = (1, 3),
                     resets: tuple[bool, ...] = (True, True, False), faults: tuple[str, ...] = (),
-                    device: str = "cpu"):
+                    device: str = "cpu", connector: str = "lmcache"):
     """One run of the report's flow on one model: request 1 of n chunks (+0/-1/+1 or
     any tail), then request 2 = the same prompt, one token less or more, extended by a
     chunk, a prefix of it, or it with one token changed in chunk k."""
@@ -113,4 +113,5 @@ def connector_cases(draw, families: tuple[str, ...] = FAMILIES, tps: tuple[int, 
         max_tokens=draw(st.sampled_from([1, 2])),
         faults=faults,
         device=device,
+        connector=connector,
     )

@@ -4,17 +4,24 @@ The flow is the bug report's: request 1 computes cold and stores; vLLM's prefix
 cache is reset (POST /reset_prefix_cache) or kept; request 2 is served from
 LMCache. Checked per rank and per KV group (full attention, sliding window,
 GDN recurrent state): fixtures/oracle/connector_invariants.py.
+
+Both implementations of the connector are an axis (`connector`, fixtures.case.connector):
+lmcache's own LMCacheMPConnector and vLLM's builtin LMCacheMPConnectorUpstream. The
+builtin does not support vLLM's hybrid KV cache manager (vLLM turns it off for it: a
+sliding-window model runs its sliding layers as full attention, a GDN model cannot run),
+so it runs the attention-only families; where it cannot be constructed against the
+installed lmcache, its ids skip with the capability probe's one line.
 """
 
 from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from fixtures.case.connector import ConnectorCase
+from fixtures.case.connector import CONNECTORS, ConnectorCase
 from fixtures.case.model import ModelShape
 from fixtures.case.workload import PromptSpec
+from fixtures.compat import capabilities as caps
 from fixtures.drivers.connector import run_case
 from fixtures.drivers.devices import KV_DEVICES
 from fixtures.observe import event
@@ -41,6 +48,8 @@ def on_device(case: ConnectorCase, kv_device: str) -> ConnectorCase:
 
 
 def check_case(harness, case: ConnectorCase, names=ci.ALL):
+    if case.connector != "lmcache":
+        caps.require(f"connector:{case.connector}")
     obs = run_case(harness, case)
     event(f"{case.shape.family} TP{case.tp}: server hit {'>0' if obs.server_hit else '=0'}, "
           f"resumed {'from LMCache' if obs.retrieve_ops else 'locally' if obs.num_computed else 'cold'}")
@@ -52,32 +61,51 @@ def check_case(harness, case: ConnectorCase, names=ci.ALL):
     return obs
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=budget(2))
-@given(data=st.data())
-def test_engine_is_told_exactly_what_is_restored(harness, family, kv_device, data):
+#: (family, connector) pairs: every family on lmcache's connector, the attention-only ones on
+#: vLLM's builtin (it has no hybrid KV cache manager, which GDN models need)
+FAMILY_CONNECTORS = [(f, "lmcache") for f in FAMILIES] + [(f, "vllm_builtin") for f in FAMILIES if f != "qwen3_next"]
+assert {c for _, c in FAMILY_CONNECTORS} == set(CONNECTORS)
+
+
+@pytest.mark.parametrize("family,connector", FAMILY_CONNECTORS, ids=[f"{f}-{c}" for f, c in FAMILY_CONNECTORS])
+def test_engine_is_told_exactly_what_is_restored(harness, family, connector, kv_device):
     """Every invariant, generated layouts of one family, TP 1/2/4, +/- separate object groups."""
-    kw = KV_DEVICES[kv_device].strategy_kwargs()
-    check_case(harness, data.draw(connector_cases(families=(family,), **kw), label="case"))
+    if connector != "lmcache":
+        caps.require(f"connector:{connector}")
+
+    @settings(max_examples=budget(2))
+    @given(case=connector_cases(families=(family,), connector=connector, **KV_DEVICES[kv_device].strategy_kwargs()))
+    def prop(case):
+        check_case(harness, case)
+
+    prop()
 
 
-@pytest.mark.parametrize("shape,tp", [(LLAMA, 1), (LLAMA, 4), (GEMMA, 2), (QWEN3_NEXT, 2)],
-                         ids=["llama-tp1", "llama-tp4", "gemma3-tp2", "qwen3next-tp2"])
+BOUNDARY_LAYOUTS = [(LLAMA, 1, False, "lmcache"), (LLAMA, 4, False, "lmcache"), (GEMMA, 2, False, "lmcache"),
+                    (QWEN3_NEXT, 2, False, "lmcache"), (LLAMA, 1, True, "lmcache"), (LLAMA, 4, True, "lmcache"),
+                    (GEMMA, 2, True, "lmcache"), (QWEN3_NEXT, 2, True, "lmcache"), (LLAMA, 1, False, "vllm_builtin")]
+
+
+@pytest.mark.parametrize("shape,tp,separate,connector", BOUNDARY_LAYOUTS,
+                         ids=[f"{'qwen3next' if s.family == 'qwen3_next' else s.family.split('_')[0]}-tp{tp}-"
+                              f"{'separate' if sep else 'shared'}-groups" + ("" if c == "lmcache" else f"-{c}")
+                              for s, tp, sep, c in BOUNDARY_LAYOUTS])
 @pytest.mark.parametrize("delta", [0, -1, 1], ids=["exact", "minus1", "plus1"])
-@pytest.mark.parametrize("separate", [False, True], ids=["shared-groups", "separate-groups"])
-def test_full_hit_at_chunk_boundaries(harness, shape, tp, delta, separate, kv_device):
+def test_full_hit_at_chunk_boundaries(harness, shape, tp, delta, separate, connector, kv_device):
     """A prompt of exactly k chunks, one token less, one token more: stored, reset, served again."""
     from fixtures.drivers.vllm_model import resolved_block_size
 
     n = 3 * resolved_block_size(shape) + delta
-    check_case(harness, on_device(ConnectorCase(shape, tp=tp, separate_object_groups=separate,
+    check_case(harness, on_device(ConnectorCase(shape, tp=tp, separate_object_groups=separate, connector=connector,
                                                 first=PromptSpec(5, n), second=PromptSpec(5, n)), kv_device))
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("shape,tp,mult,chunks,step", [(LLAMA, 2, 49, 128, 8192), (QWEN3_NEXT, 2, 16, 110, 7680)],
-                         ids=["llama-784x128", "qwen3next-768x110"])
-def test_report_flow_at_100_plus_chunks(harness, shape, tp, mult, chunks, step, kv_device):
+@pytest.mark.parametrize("shape,tp,mult,chunks,step,connector",
+                         [(LLAMA, 2, 49, 128, 8192, "lmcache"), (QWEN3_NEXT, 2, 16, 110, 7680, "lmcache"),
+                          (LLAMA, 2, 49, 128, 8192, "vllm_builtin")],
+                         ids=["llama-784x128", "qwen3next-768x110", "llama-784x128-vllm_builtin"])
+def test_report_flow_at_100_plus_chunks(harness, shape, tp, mult, chunks, step, connector, kv_device):
     """The report's shape: 128 chunks of 784 tokens (100,352 tokens) on a dense model and
     110 hybrid chunks of 768 on GDN + attention, second pass after reset_prefix_cache.
     The hybrid case prefills 10 chunks a step: with steps that end between chunk
@@ -86,7 +114,7 @@ def test_report_flow_at_100_plus_chunks(harness, shape, tp, mult, chunks, step, 
     from fixtures.drivers.vllm_model import resolved_block_size
 
     n = chunks * resolved_block_size(shape) * mult
-    case = ConnectorCase(shape, chunk_multiple=mult, separate_object_groups=True, tp=tp,
+    case = ConnectorCase(shape, chunk_multiple=mult, separate_object_groups=True, tp=tp, connector=connector,
                          first=PromptSpec(9, n), second=PromptSpec(9, n), max_num_batched_tokens=step)
     obs = check_case(harness, on_device(case, kv_device))
     # the case really is 100+ chunks (GDN: the hit ends at the last step end before the prompt's last token)

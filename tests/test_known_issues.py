@@ -393,3 +393,63 @@ def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
                                   f"{counts[0]} read-locked and {counts[1]} write-locked objects")
     finally:
         harness.release(cfg.server())
+
+
+#: measured: vLLM 0.33.0 and 0.34.0 (ci/matrix.sh --vllm 0.34.0), every lmcache from 0.5.0 to 0.5.6
+#: (each takes `server_urls` in LMCacheMPSchedulerAdapter: read in each release's wheel)
+BUILTIN_CONNECTOR_VLLM = ">=0.33.0,<=0.34.0"
+
+_BUILTIN_PROBE = r"""
+import json, sys
+from fixtures.drivers import procs, vllm_model  # telemetry off; vLLM's CPU platform
+from fixtures.case.model import ModelShape
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+plan = vllm_model.build(ModelShape("llama", 1, ("full",)), sys.argv[1], tp=1, num_blocks=80, max_model_len=1024,
+                        connector="by_name")  # kv_connector="LMCacheMPConnector", resolved by vLLM's registry
+cls = KVConnectorFactory.get_connector_class(plan.vllm_config.kv_transfer_config)
+try:
+    conn = KVConnectorFactory.create_connector(plan.vllm_config, KVConnectorRole.SCHEDULER, plan.scheduler_kv_config)
+    out = {"class": cls.__name__, "error": None}
+    conn.shutdown()
+except Exception as e:
+    out = {"class": cls.__name__, "error": f"{type(e).__name__}: {e}"}
+print(json.dumps(out))
+"""
+
+
+@known_issue(SINCE_0_5_0, vllm=BUILTIN_CONNECTOR_VLLM, raises=AssertionError,
+             reason="vLLM 0.33-0.34's builtin LMCacheMPConnectorUpstream (what LMCACHE_USE_UPSTREAM_MP=1 selects) "
+                    "cannot be constructed against lmcache 0.5.x: its create_scheduler_adapter passes server_url= to "
+                    "LMCacheMPSchedulerAdapter, which takes server_urls (and its wait_for_save reads "
+                    "worker_adapter.use_mla, which 0.5.6's worker adapter does not have)")
+def test_vllms_builtin_connector_is_constructed_against_this_lmcache(harness):
+    """What a user gets who sets LMCACHE_USE_UPSTREAM_MP=1: vLLM's registry resolves
+    `LMCacheMPConnector` to its builtin LMCacheMPConnectorUpstream, and the scheduler-role
+    connector must construct against a real server (in a subprocess: vLLM picks the class when
+    the module is first imported)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fixtures import ROOT
+    from fixtures.errors import HarnessError
+
+    pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
+    srv = harness.server(ServerOptions(chunk_size=16))
+    env = dict(os.environ, LMCACHE_USE_UPSTREAM_MP="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", _BUILTIN_PROBE, srv.url], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=str(ROOT))
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise HarnessError(f"the builtin-connector probe printed nothing (exit {r.returncode}): "
+                           f"{(r.stderr.strip().splitlines() or [''])[-1]}")
+    out = json.loads(lines[-1])
+    if out["class"] != "LMCacheMPConnectorUpstream":
+        raise HarnessError(f"LMCACHE_USE_UPSTREAM_MP=1 resolved LMCacheMPConnector to {out['class']}")
+    err = out["error"]
+    if err is not None and not err.startswith("TypeError"):
+        raise HarnessError(f"vLLM's builtin connector failed for a reason this pin does not name: {err}")
+    assert err is None, f"vLLM's builtin connector does not construct: {err}"
