@@ -15,9 +15,11 @@ from fixtures.case.connector import ConnectorCase
 from fixtures.case.layout import KVLayout
 from fixtures.case.server import ServerOptions
 from fixtures.case.workload import PromptSpec, StoreSpec, Workload
+from fixtures.compat import capabilities as caps
 from fixtures.compat.known_issues import known_issue
 from fixtures.drivers.engine import Engine
 from fixtures.drivers.vllm_model import resolved_block_size
+from fixtures.errors import HarnessError
 from fixtures.oracle import invariants, verdicts
 
 #: the LMCache builds these findings are known to hold on (a PEP 440 specifier;
@@ -453,3 +455,64 @@ def test_vllms_builtin_connector_is_constructed_against_this_lmcache(harness):
     if err is not None and not err.startswith("TypeError"):
         raise HarnessError(f"vLLM's builtin connector failed for a reason this pin does not name: {err}")
     assert err is None, f"vLLM's builtin connector does not construct: {err}"
+
+
+@pytest.mark.connector
+@known_issue(KNOWN_ON, raises=AssertionError, reason="LMCache 0.5.6 + vLLM 0.33: a request aborted while its LMCache "
+                                                     "load is in flight (WAITING_FOR_REMOTE_KVS) is freed and deleted "
+                                                     "by vLLM on LMCache's 'sent' echo of the finished request, while "
+                                                     "the load still runs (it writes into the freed blocks); when it "
+                                                     "ends, the worker reports it loaded and vLLM's scheduler asserts on "
+                                                     "a request it no longer has (_update_from_kv_xfer_finished): its "
+                                                     "engine core dies")
+def test_an_abort_during_a_load_does_not_crash_vllms_scheduler(harness):
+    """Found by the busy-engine machine's tour (TP4 dense and TP2 hybrid, an abort that landed
+    inside a load on loaded cores: 2 of 6 runs). Made deterministic with a server that starts
+    each retrieve 300 ms late (fault slow_retrieve: a busy server, not a bug by itself): vLLM
+    aborts the request (a client disconnect) while it waits for its load, another request
+    keeps the engine stepping, and the load ends."""
+    import traceback
+
+    from fixtures.case.model import ModelShape
+    from fixtures.machines.busy_connector import BusyConfig, machine_for
+
+    pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
+    caps.require("fault:slow_retrieve")
+    from vllm.v1.request import RequestStatus
+
+    cfg = BusyConfig(ModelShape("llama", 1, ("full",), num_kv_heads=1, head_dim=16, block_size=16,
+                                mamba_cache_mode="none"), tps=(1,), chunk_multiple=2, l2=False,
+                     server_faults=("slow_retrieve:300",), second_engine=False)
+    p = PromptSpec(3, 3 * cfg.chunk + 1)
+    m = machine_for(harness, cfg)()
+    crashed = None
+    try:
+        m.start(tp_i=0, budget=4 * cfg.chunk)
+        m.add_request(p, "t0", 1)
+        m.drain()                       # its 3 chunks are stored
+        m.reset_prefix_cache()
+        m.add_request(p, "t0", 1)       # a 3-chunk hit: vLLM schedules the load
+        rid = next(iter(m.live))
+        eng = m.eng
+        for _ in range(50):
+            eng.step()
+            if eng.sched.requests[rid].status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                break
+        else:
+            raise HarnessError("the request never waited for its LMCache load")
+        eng.sched.finish_requests([rid], RequestStatus.FINISHED_ABORTED)  # vLLM's own abort, mid-load
+        m.live.clear()
+        # the engine goes on serving: another request keeps it stepping while the load ends
+        eng.add("other", PromptSpec(9, 4 * cfg.chunk).tokens().tolist(), salt="other", max_tokens=20)
+        try:
+            eng.run_until_idle(max_steps=400, timeout=60)
+        except AssertionError as e:  # raised inside vLLM's scheduler, not by this test
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            crashed = (f"{frame.name} ({frame.filename.split('site-packages/')[-1]}:{frame.lineno}): {frame.line}; "
+                       + " ".join(getattr(e, "__notes__", ())))
+    finally:
+        try:
+            m.teardown()
+        finally:
+            harness.release(cfg.server())
+    assert crashed is None, f"vLLM's scheduler crashed after a request was aborted during its LMCache load: {crashed}"
