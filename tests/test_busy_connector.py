@@ -21,6 +21,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from fixtures.case.model import ModelShape
 from fixtures.case.workload import PromptSpec
 from fixtures.compat import capabilities as caps
+from fixtures.compat import refusals
 from fixtures.errors import HarnessError
 from fixtures.machines.busy_connector import (
     RULES,
@@ -131,10 +132,8 @@ def supported(cfg: BusyConfig):
         caps.require(f"connector:{cfg.connector}")
     try:
         yield
-    except HarnessError as e:
-        if "requires a contiguous tensor" in str(e):
-            pytest.skip("this build's LMCache CPU SHM path rejects vLLM's non-contiguous GDN state views "
-                        "(register_kv_caches: migrate_to_shm_and_wrap requires a contiguous tensor)")
+    except (HarnessError, ValueError) as e:
+        refusals.skip_if_refused(e)
         raise
 
 

@@ -22,8 +22,10 @@ from fixtures.case.connector import CONNECTORS, ConnectorCase
 from fixtures.case.model import ModelShape
 from fixtures.case.workload import PromptSpec
 from fixtures.compat import capabilities as caps
+from fixtures.compat import refusals
 from fixtures.drivers.connector import run_case
 from fixtures.drivers.devices import KV_DEVICES
+from fixtures.errors import HarnessError
 from fixtures.observe import event
 from fixtures.oracle import connector_invariants as ci
 from fixtures.oracle import verdicts
@@ -50,7 +52,11 @@ def on_device(case: ConnectorCase, kv_device: str) -> ConnectorCase:
 def check_case(harness, case: ConnectorCase, names=ci.ALL):
     if case.connector != "lmcache":
         caps.require(f"connector:{case.connector}")
-    obs = run_case(harness, case)
+    try:
+        obs = run_case(harness, case)
+    except (HarnessError, ValueError) as e:
+        refusals.skip_if_refused(e)
+        raise
     event(f"{case.shape.family} TP{case.tp}: server hit {'>0' if obs.server_hit else '=0'}, "
           f"resumed {'from LMCache' if obs.retrieve_ops else 'locally' if obs.num_computed else 'cold'}")
     for n in set(obs.notes):

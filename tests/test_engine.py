@@ -25,6 +25,8 @@ from fixtures.case.engine import (
     WINDOW,
     EngineCase,
 )
+from fixtures.compat import refusals
+from fixtures.compat.known_issues import known_issue
 from fixtures.drivers.engine_flow import run_engine_case
 from fixtures.drivers.real_engine import EngineStartError
 from fixtures.observe import event
@@ -36,7 +38,17 @@ from strategies.engine import engine_cases
 pytestmark = pytest.mark.engine
 
 
+def started(pool, opts):
+    """The engine for `opts`; skips in one line when this build refuses its layout at start."""
+    try:
+        return pool.get(opts)
+    except EngineStartError as e:
+        refusals.skip_if_refused(e)
+        raise
+
+
 def run_and_check(pool, case, names=CHECKS):
+    started(pool, case.engine)
     obs = run_engine_case(pool, case)
     event(f"batch of {len(case.prompts)}, step {'max' if case.step is None else case.step}, {case.settle}")
     found = check(obs, names)
@@ -95,10 +107,10 @@ class GdnStateNotRestored(Exception):
     state from private memory, not from the shm storage LMCache restores into."""
 
 
-@pytest.mark.xfail(strict=True, raises=GdnStateNotRestored,
-                   reason="known LMCache 0.5.6 bug (CPU): register_kv_caches migrates the KV storage into shm and "
-                          "re-points only the tensors it is handed; vLLM's GDN layers keep their own conv/SSM state "
-                          "views of the old memory, so a restored state is never read and warm != cold")
+@known_issue("==0.5.6", raises=GdnStateNotRestored,
+             reason="LMCache 0.5.6 (CPU): register_kv_caches migrates the KV storage into shm and re-points only "
+                    "the tensors it is handed; vLLM's GDN layers keep their own conv/SSM state views of the old "
+                    "memory, so a restored state is never read and warm != cold")
 def test_hybrid_gdn_state_is_restored_where_the_model_reads_it(engine_pool):
     """The hybrid divergence the reference probe saw, unmodified: one 2C+1 prompt (hit 2C),
     steps of 256. Pinned on exactly that cause: only the bit-for-bit checks fail and the engine
@@ -136,9 +148,9 @@ class EngineDrivenRefusesGroups(Exception):
     """The engine_driven start failed with exactly the pinned LMCache refusal."""
 
 
-@pytest.mark.xfail(strict=True, raises=EngineDrivenRefusesGroups,
-                   reason="known LMCache 0.5.6 limit: engine_driven refuses vLLM's hybrid KV cache groups "
-                          "(sliding + full: 'engine-driven transfer does not support multiple KV transfer groups')")
+@known_issue("==0.5.6", raises=EngineDrivenRefusesGroups,
+             reason="LMCache 0.5.6 limit: engine_driven refuses vLLM's hybrid KV cache groups (sliding + full: "
+                    "'engine-driven transfer does not support multiple KV transfer groups')")
 def test_sliding_engine_driven_registers(engine_pool):
     """engine_driven on the sliding model: pinned until LMCache accepts several KV cache groups there
     (then this XPASSes, strict, and the sliding property should add the mode). Any other start

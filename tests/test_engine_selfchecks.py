@@ -34,6 +34,7 @@ from fixtures.drivers.engine_flow import run_engine_case
 from fixtures.oracle.engine import check
 from fixtures.selfchecks import ENGINE_SELF_CHECKS, search_for_failure
 from strategies.engine import engine_cases
+from tests.test_engine import started
 
 pytestmark = [pytest.mark.engine, pytest.mark.selfcheck]
 
@@ -45,6 +46,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.selfcheck]
 @pytest.mark.parametrize("sc", ENGINE_SELF_CHECKS, ids=lambda c: c.id)
 def test_engine_fault_is_caught_and_shrunk(engine_pool, sc):
     opts = sc.options()
+    started(engine_pool, opts)  # a build that refuses the layout: one line
 
     def body(case):
         return check(run_engine_case(engine_pool, case), sc.checks)
