@@ -157,7 +157,12 @@ def test_busy_restart_waits_only_where_the_workers_can_notice(busy_machine):
     restart (known LMCache 0.5.6 behaviour), so the harness waited 60 s for A's worker. The
     restart now runs only once every engine's workers have stored; this program skips it."""
     cfg = replace(LAYOUTS["dense"], tps=(1,))
-    run_program(busy_machine(cfg), [
+    with supported(cfg):
+        _restart_program(busy_machine(cfg))
+
+
+def _restart_program(Machine):
+    run_program(Machine, [
         ("start", {"tp": 1, "budget": 32}),
         ("start_second_engine", {}),
         ("add_request", dict(p=PromptSpec(0, 61, (19,)), tenant="t0", max_tokens=3, engine="B")),
@@ -288,7 +293,8 @@ def test_busy_fault_program_is_caught(busy_machine, check):
     counted = [s for s in steps if s[0] != "start"]
     assert len(counted) <= check.max_steps
     cfg = check.config()
-    why = fails(busy_machine(cfg), steps)
+    with supported(cfg):
+        why = fails(busy_machine(cfg), steps)
     assert why is not None, f"{check.fault}: its program passed every check"
     assert any(why.startswith(f"[{tag}]") for tag in check.tags), f"{check.fault}: caught by another check: {why}"
     # the same program without the fault passes every check (the failure is the fault's)
@@ -319,7 +325,8 @@ def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
     Machine = busy_machine(cfg)
     start, program = SITUATIONS[0], SITUATIONS[1:]
     t0 = time.monotonic()
-    why, at = first_failure(Machine, SITUATIONS)
+    with supported(cfg):
+        why, at = first_failure(Machine, SITUATIONS)
     assert why is not None, f"{check.fault} was NOT caught on the situations program"
     failing = shrink_program(lambda steps: run_program(Machine, [start] + steps), program[:at], examples=SEARCH_EXAMPLES)
     secs = time.monotonic() - t0
