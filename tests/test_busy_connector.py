@@ -241,12 +241,17 @@ FAULT_PROGRAMS = {
     # a 3-chunk prefix is stored; a 4-chunk+1 request of another family takes 9 of the 17
     # usable blocks, so the request of the stored family (9 blocks) waits and vLLM asks
     # get_num_new_matched_tokens again every step: the watermark reaches 96 + k x 96, and
-    # its prefill ends with nothing stored past the hit
+    # its prefill ends with nothing stored past the hit. The blocker is admitted first (three
+    # steps, 50 ms apart) and decodes 10 tokens: both requests' lookups are polled without
+    # blocking, and vLLM admits a later waiting request whose lookup answered while the first
+    # one's is still "not ready", so added together the stored family went first whenever its
+    # lookup answered first (a CI run where the situation never triggered; 4 of 30 under load)
     "stored_watermark_twice->stores": [
         ("start", {"tp": 1, "budget": 200}),
         ("add_request", dict(p=PromptSpec(0, 96), tenant="t0", max_tokens=1)),
         ("drain", {}),
-        ("add_request", dict(p=PromptSpec(1, 129), tenant="t0", max_tokens=3)),
+        ("add_request", dict(p=PromptSpec(1, 129), tenant="t0", max_tokens=10)),
+        ("step", dict(wait_ms=50, n=3)),
         ("add_request", dict(p=PromptSpec(0, 129), tenant="t0", max_tokens=1)),
         ("drain", {}),
     ],
