@@ -57,6 +57,11 @@ def pytest_configure(config):
     from fixtures.compat import preflight
     from fixtures.errors import SuiteError
 
+    if not hasattr(config, "workerinput"):
+        # the controller (or a run without xdist): one run dir every temp dir of the run lives
+        # under, removed at the session's end even where a worker is killed before its own exit
+        config._lmcache_pbt_run_dir = procs.make_run_dir()
+
     try:
         preflight.check_core()
     except SuiteError as e:
@@ -86,6 +91,14 @@ def pytest_configure(config):
             pytest.exit(f"lmcache-pbt: no LMCache server answers at {http}/config ({e})", returncode=4)
         sw.CHUNK_SIZES = (int(chunk),)
         os.environ["LMCACHE_PBT_CHUNK_SIZES"] = str(chunk)
+
+
+def pytest_unconfigure(config):
+    run_dir = getattr(config, "_lmcache_pbt_run_dir", None)
+    if run_dir and not os.environ.get("LMCACHE_PBT_KEEP_SERVER_DIRS"):
+        from fixtures.drivers import procs
+
+        procs.remove_run_dir(run_dir)
 
 
 def pytest_report_header(config):
