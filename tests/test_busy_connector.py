@@ -128,8 +128,7 @@ def busy_machine(harness):
 def supported(cfg: BusyConfig):
     """Skip (one line) when this build cannot run the layout's connector or register its KV
     caches at all."""
-    if cfg.connector != "lmcache":
-        caps.require(f"connector:{cfg.connector}")
+    caps.require(f"connector:{cfg.connector}")
     try:
         yield
     except (HarnessError, ValueError) as e:

@@ -50,8 +50,7 @@ def on_device(case: ConnectorCase, kv_device: str) -> ConnectorCase:
 
 
 def check_case(harness, case: ConnectorCase, names=ci.ALL):
-    if case.connector != "lmcache":
-        caps.require(f"connector:{case.connector}")
+    caps.require(f"connector:{case.connector}")
     try:
         obs = run_case(harness, case)
     except (HarnessError, ValueError) as e:
@@ -76,8 +75,7 @@ assert {c for _, c in FAMILY_CONNECTORS} == set(CONNECTORS)
 @pytest.mark.parametrize("family,connector", FAMILY_CONNECTORS, ids=[f"{f}-{c}" for f, c in FAMILY_CONNECTORS])
 def test_engine_is_told_exactly_what_is_restored(harness, family, connector, kv_device):
     """Every invariant, generated layouts of one family, TP 1/2/4, +/- separate object groups."""
-    if connector != "lmcache":
-        caps.require(f"connector:{connector}")
+    caps.require(f"connector:{connector}")
 
     @settings(max_examples=budget(2))
     @given(case=connector_cases(families=(family,), connector=connector, **KV_DEVICES[kv_device].strategy_kwargs()))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pytest
 
 from fixtures import faults, repro
+from fixtures.compat import capabilities as caps
 from fixtures.compat import refusals
 from fixtures.errors import HarnessError
 from fixtures.oracle import connector_invariants as ci
@@ -69,6 +70,8 @@ CHECKS = [
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.id)
 def test_connector_fault_is_caught_and_shrunk(harness, check):
     from fixtures.drivers.connector import case_server, run_case
+
+    caps.require("connector:lmcache")
 
     def body(case):
         with faults.active(check.fault if not check.server_side else ""):

@@ -147,6 +147,7 @@ def test_a_store_that_does_not_fit_makes_room(harness):
 
 def _connector():
     pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
+    caps.require("connector:lmcache")
     from fixtures.case.model import ModelShape
     from fixtures.drivers import connector
 
@@ -381,6 +382,7 @@ def test_a_failed_load_does_not_crash_vllms_scheduler(harness, family):
 def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
     """Found by the busy-engine machine (tests/test_busy_connector.py): add; step; abort; drain."""
     pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
+    caps.require("connector:lmcache")
     from fixtures.case.model import ModelShape
     from fixtures.machines.busy_connector import (
         BusyConfig,
@@ -496,7 +498,7 @@ def test_an_abort_during_a_load_does_not_crash_vllms_scheduler(harness):
     from fixtures.machines.busy_connector import BusyConfig, machine_for
 
     pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
-    caps.require("fault:slow_retrieve")
+    caps.require("connector:lmcache", "fault:slow_retrieve")
     from vllm.v1.request import RequestStatus
 
     cfg = BusyConfig(ModelShape("llama", 1, ("full",), num_kv_heads=1, head_dim=16, block_size=16,
