@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,7 +96,10 @@ def test_sigint_to_a_running_suite_leaves_nothing_behind(tmp_path):
     gone, left = poll_until(lambda: _tagged(tag), lambda ps: not ps, timeout=30, first_delay=0.1, max_delay=0.5)
     assert gone, "processes of the interrupted run are still alive: " + "; ".join(
         f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left)
-    shm = [f for pid in seen for f in glob.glob(f"/dev/shm/*_{pid}_*") + glob.glob(f"/dev/shm/*{pid}*")]
+    # a segment names its creator's pid between non-digits (lmcache_kv_<pid>_<n>): a bare substring
+    # match would take another run's lmcache_kv_31961_0 for pid 3196's (seen under a loaded run)
+    shm = [f for f in glob.glob("/dev/shm/*")
+           if any(re.search(rf"(?<!\d){pid}(?!\d)", os.path.basename(f)) for pid in seen)]
     assert not shm, f"shared-memory segments of the interrupted run remain: {sorted(set(shm))[:10]}"
     leftovers = [e.name for e in tmpdir.iterdir() if not e.name.startswith("pytest-of-")]
     assert not leftovers, f"temp dirs of the interrupted run remain in its TMPDIR: {leftovers}"
