@@ -13,9 +13,9 @@ from hypothesis import example, given, settings, target
 
 from fixtures.case.layout import KVLayout
 from fixtures.case.server import ServerOptions
-from fixtures.case.tiers import HOLD_SERVER, TIER_SERVER, HoldCase, TierCase
+from fixtures.case.tiers import FILLER, HOLD_SERVER, TIER_SERVER, HoldCase, TierCase
 from fixtures.case.workload import PromptSpec
-from fixtures.drivers.tiers import run_hold, run_tiers
+from fixtures.drivers.tiers import fill_until_evicted, run_hold, run_tiers
 from fixtures.oracle.tiers import check_hold, check_tiers
 from fixtures.properties import budget, hold_property, tier_property
 from fixtures.selfchecks import search_for_failure
@@ -74,3 +74,27 @@ def test_tier_and_lock_faults_are_caught_and_shrunk(harness, fault, prop, strate
     print(f"\n{fault}->{prop}: caught after {first:.1f} s, shrunk in {secs:.0f} s over {n} runs to:\n  "
           + minimal.describe().replace("\n", "\n  ") + "\n  violations: " + "; ".join(violations[:3]))
     assert bound(minimal), f"{fault} was caught but shrank only to:\n{minimal.describe()}\nexpected: {bound_text}"
+
+
+def test_a_fill_right_after_a_restart_evicts(harness):
+    """Harness check (a CI flake once, in the history machine): a filler engine that stored
+    before a server restart is in LMCache's degraded mode until its heartbeat reconnects, and a
+    degraded worker adapter drops every store without a word, so a fill started at once stored
+    nothing and reported "never evicted". fill_until_evicted waits for the filler to see the
+    server healthy; without that wait this test fails whenever the restart leaves the filler
+    degraded (it does right after `restart()` returns: the heartbeat runs once a second)."""
+    opts = ServerOptions(chunk_size=16, l1_size_gb=0.03125, tag="fill-restart")
+    srv = harness.server(opts)
+    try:
+        filler = harness.engines.get(srv, 1, "lmcache_driven", FILLER, model_name="pbt-fill-restart",
+                                     heartbeat_interval=1.0)
+        first, _ = fill_until_evicted(srv, filler, "fill-restart-a", "fra", 7000)
+        assert first > 0, "the first fill (no restart) did not evict"
+        srv.restart(keep_l2=False)
+        degraded = not filler.healthy()
+        srv.clear_l1(force=True)
+        second, _ = fill_until_evicted(srv, filler, "fill-restart-b", "frb", 8000)
+    finally:
+        harness.release(opts)
+    assert second > 0, f"a fill right after the restart did not evict (filler degraded after the restart: {degraded})"
+    print(f"\nfill after restart: filler degraded after the restart: {degraded}; evicted {second:g} chunks")
