@@ -121,3 +121,24 @@ def test_repro_files_replay_the_same_case(tmp_path, monkeypatch):
     loaded = repro.load(path)
     assert Workload.from_json(loaded["case"]) == w
     assert loaded["invariants"] == ["hit_accounting"] and loaded["hypothesis"]["profile"] == "ci"
+
+
+def test_a_rank_that_misses_a_reply_says_where_it_hangs():
+    """A rank that does not answer in time is named with its threads' stacks (faulthandler),
+    so a hang in CI reads as the LMCache call it hangs in. Here: a worker adapter opened
+    against a port no server listens on waits forever for its first reply."""
+    from fixtures.drivers.engine import RankPool
+    from fixtures.drivers.rank import AdapterSpec
+    from fixtures.errors import HarnessError
+
+    pool = RankPool(size=1)
+    try:
+        pool.ensure(1)
+        spec = AdapterSpec("tcp://127.0.0.1:1", "pbt-hang", 1, 0, "lmcache_driven", KVLayout(), 16)
+        with pytest.raises(HarnessError) as e:
+            pool.call([0], "open", [(("hang",), spec)], timeout=5)
+    finally:
+        pool.close()
+    msg = str(e.value)
+    assert msg.startswith("rank 0 did not answer 'open' within 5 s"), msg
+    assert "faulthandler" in msg and "vllm_multi_process_adapter.py" in msg and "rank.py" in msg, msg
