@@ -275,6 +275,7 @@ FAULT_PROGRAMS = {
         ("add_request", dict(p=PromptSpec(0, 65), tenant="t0", max_tokens=3)),
         ("add_request", dict(p=PromptSpec(1, 96), tenant="t0", max_tokens=3)),
         ("step", dict(wait_ms=50, n=3)),
+        ("drain", {}),
     ],
     # the same load alone: its extra chunk lands in blocks no request holds (freed by the
     # first request and reset out of vLLM's prefix cache)
@@ -285,6 +286,9 @@ FAULT_PROGRAMS = {
         ("reset_prefix_cache", {}),
         ("add_request", dict(p=PromptSpec(0, 65), tenant="t0", max_tokens=3)),
         ("step", dict(wait_ms=50, n=3)),
+        # the load happens whenever the lookup answers: three steps 50 ms apart were not
+        # always enough under load in a clean-clone run ("its program passed every check")
+        ("drain", {}),
     ],
 }
 
