@@ -116,6 +116,7 @@ def test_hybrid_gdn_state_is_restored_where_the_model_reads_it(engine_pool):
     steps of 256. Pinned on exactly that cause: only the bit-for-bit checks fail and the engine
     reports its GDN layers' state in private memory."""
     case = _case(HYBRID_UNMODIFIED, (2 * HYBRID.chunk + 1,), ("2C+1",), step=256)
+    started(engine_pool, case.engine)
     obs = run_engine_case(engine_pool, case)
     found = check(obs)
     gdn = {k: v for k, v in (obs.engine_info.get("kv_storages") or {}).items() if "linear_attn" in k}

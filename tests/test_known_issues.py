@@ -17,7 +17,7 @@ from fixtures.case.server import ServerOptions
 from fixtures.case.workload import PromptSpec, StoreSpec, Workload
 from fixtures.compat import capabilities as caps
 from fixtures.compat import refusals
-from fixtures.compat.known_issues import known_issue
+from fixtures.compat.known_issues import installed_lmcache, known_issue
 from fixtures.drivers.engine import Engine
 from fixtures.drivers.vllm_model import resolved_block_size
 from fixtures.errors import HarnessError
@@ -295,6 +295,11 @@ def test_hybrid_gdn_with_two_kv_heads_per_rank_registers(harness):
         connector.run_case(harness, case)
     except HarnessError as e:
         assert "ValueError" not in str(e), f"registration failed: {str(e).splitlines()[0][:300]}"
+    except ValueError as e:
+        # a build that refuses the scheduler config before any registration (0.5.0-0.5.3:
+        # one block a prefill step) cannot show whether the layout registers
+        refusals.skip_if_refused(e, only=("mamba_one_block_steps",))
+        raise
 
 
 @pytest.mark.connector
@@ -408,7 +413,12 @@ def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
             ("abort", dict(i=0)),                                 # aborted while still waiting
             ("drain", {}),
         ])
-        assert m.leak_bound, "the request was scheduled before the abort (its lookup was consumed): nothing pinned"
+        if not m.leak_bound:
+            # a build whose lookup answers in the step that submits it (0.5.1) schedules the
+            # request before the abort: the situation this finding needs cannot be made there
+            pytest.skip(f"lmcache {installed_lmcache()} answered the lookup in the step that submitted it: the "
+                        "request was scheduled before the abort, so no abort before its lookup is consumed "
+                        "can be made on this build")
         srv = m.server  # (no MP_LOOKUP_PREFETCH_END shows for the aborted request: its result is never consumed)
         deadline = time.monotonic() + 5
         counts = _lock_counts(srv)
