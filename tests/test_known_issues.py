@@ -297,13 +297,14 @@ def test_hybrid_gdn_with_two_kv_heads_per_rank_registers(harness):
                                    second=PromptSpec(4, 64))
     try:
         connector.run_case(harness, case)
-    except HarnessError as e:
+    except (HarnessError, ValueError) as e:
+        # a build that refuses every GDN model, whatever its KV heads, cannot show whether this
+        # layout registers: 0.5.0-0.5.3 refuse the scheduler config (one block a prefill step),
+        # 0.5.3-0.5.4 the caches without vLLM's layout hint
+        refusals.skip_if_refused(e, only=("mamba_one_block_steps", "kv_layout_unknown"))
+        if isinstance(e, ValueError):
+            raise
         assert "ValueError" not in str(e), f"registration failed: {str(e).splitlines()[0][:300]}"
-    except ValueError as e:
-        # a build that refuses the scheduler config before any registration (0.5.0-0.5.3:
-        # one block a prefill step) cannot show whether the layout registers
-        refusals.skip_if_refused(e, only=("mamba_one_block_steps",))
-        raise
 
 
 @pytest.mark.connector
