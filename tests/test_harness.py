@@ -111,6 +111,40 @@ def test_a_bad_server_flag_is_one_clear_line(tmp_path):
     srv.close()
 
 
+@pytest.mark.parametrize("which", ["zmq", "http"])
+def test_a_port_taken_before_the_server_binds_it_is_allocated_again(tmp_path, monkeypatch, which):
+    """free_port() hands out a port that another process (another xdist worker's server) may
+    bind first. A clean-clone run saw worker B's HTTP port be worker A's ZMQ port: B failed to
+    bind, and A's clients never reached its server. Made deterministic: the first port handed
+    out is already listened on by someone else; the server must end up on ports of its own."""
+    import socket
+
+    from fixtures.drivers import procs
+
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind((procs.LOOPBACK, 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real, calls = procs.free_port, []
+
+    def free_port():
+        calls.append(1)
+        first = len(calls) == (1 if which == "zmq" else 2)
+        return taken if first else real()
+
+    monkeypatch.setattr(procs, "free_port", free_port)
+    srv = LMCacheServer(ServerOptions(chunk_size=16), workdir=str(tmp_path))
+    try:
+        srv.start()
+        assert taken not in (srv.zmq_port, srv.http_port)
+        assert {srv.zmq_port, srv.http_port} <= procs.listening_ports(srv.proc.pid)
+        assert srv.status().get("chunk_size") == 16
+    finally:
+        srv.close()
+        squatter.close()
+
+
 def test_repro_files_replay_the_same_case(tmp_path, monkeypatch):
     monkeypatch.setenv("LMCACHE_PBT_REPRO_DIR", str(tmp_path))
     w = Workload(ServerOptions(chunk_size=16), 1, "lmcache_driven", KVLayout(),
