@@ -45,16 +45,23 @@ def test_model_kv_depends_on_the_prefix_only():
     assert not torch.isnan(ka.float()).any()       # never the sentinel
 
 
-def test_byte_counter_counts_written_elements():
-    lay = KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4, block_size=16)
-    kv = kvmodel.allocate(lay, 8)
+@pytest.mark.parametrize("physical", ["NHD", "HND"])
+def test_byte_counter_counts_written_elements(physical):
+    lay = KVLayout(num_layers=1, kv_heads_per_rank=2, head_dim=4, block_size=16)
+    phys = kvmodel.allocate(lay, 8, physical=physical)
+    kv = kvmodel.logical(phys, physical)
     before = kvmodel.snapshot(kv)
     data = kvmodel.expected_blocks(lay, PromptSpec(0, 32).tokens(), 0, 0, 2)
     kvmodel.write_blocks(kv, [3, 4], data)
     _, elems = kvmodel.changed(before, kv)
-    per_block = 2 * 16 * 1 * 4  # K and V x block tokens x heads x head_dim, one layer
+    per_block = 2 * 16 * 2 * 4  # K and V x block tokens x heads x head_dim, one layer
     assert elems.tolist() == [0, 0, 0, per_block, per_block, 0, 0, 0]
     assert torch.equal(kvmodel.read_blocks(kv, [3, 4]), data)
+    # what LMCache is handed holds it in the layout named: token 5, head 1 of block 3's K
+    t = next(iter(phys.values()))
+    assert t.is_contiguous()
+    got = t[0, 3, 1, 5] if physical == "HND" else t[0, 3, 5, 1]
+    assert torch.equal(got, data[0, 0, 0, 5, 1])
 
 
 def test_model_hit_follows_prefixes_and_ranks():
