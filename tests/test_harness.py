@@ -64,6 +64,28 @@ def test_byte_counter_counts_written_elements(physical):
     assert torch.equal(got, data[0, 0, 0, 5, 1])
 
 
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+def test_connector_reads_first_tokens_of_a_vllm_block(layout):
+    """The connector tier's partial-block check reads tokens by position, in either layout vLLM
+    plans: block 2 of a cache allocated by vLLM's own allocate_kv_cache, token t holding t."""
+    from fixtures.case.model import ModelShape
+    from fixtures.drivers import vllm_model
+    from fixtures.drivers.connector_rank import first_tokens
+
+    v = vllm_model.vllm_config(ModelShape(), "tcp://127.0.0.1:1", tp=1, rank=0, max_num_batched_tokens=256,
+                               max_model_len=256, extra=None, model_path=None, connector="lmcache")
+    p = vllm_model.plan(v, vllm_model.kv_cache_specs(v, ModelShape()), num_blocks=24, world=1, layouts=(layout,))
+    assert p.layout.name == layout
+    t = next(iter(vllm_model.allocate(p.worker_kv_configs[0], p.layout).values()))
+    blocks, heads, bs, content = t.shape
+    stride = {"LBNHC": (heads * content, content), "LBHNC": (content, bs * content)}[layout]
+    assert (t.stride(2), t.stride(1)) == stride  # (token, head): the layout orders memory, not the view
+    t[2] = torch.arange(bs, dtype=t.dtype).view(1, bs, 1).expand(heads, bs, content)
+    got = first_tokens(t[2], 5)
+    assert got.shape == (heads, 5, content)
+    assert torch.equal(got, torch.arange(5, dtype=t.dtype).view(1, 5, 1).expand(heads, 5, content))
+
+
 def test_model_hit_follows_prefixes_and_ranks():
     opts = ServerOptions(chunk_size=16)
     lay = KVLayout()
