@@ -61,6 +61,8 @@ def pytest_configure(config):
         # the controller (or a run without xdist): one run dir every temp dir of the run lives
         # under, removed at the session's end even where a worker is killed before its own exit
         config._lmcache_pbt_run_dir = procs.make_run_dir()
+    # SIGTERM (a cancelled CI job, `kill PID`) cleans up as Ctrl-C does; the controller passes it on
+    procs.sigterm_like_ctrl_c(forward_to_workers=not hasattr(config, "workerinput"))
 
     try:
         preflight.check_core()

@@ -1,12 +1,15 @@
-"""Ctrl-C leaves nothing behind: a running suite, interrupted, cleans up after itself.
+"""Ctrl-C or a SIGTERM leaves nothing behind: a running suite, interrupted, cleans up after itself.
 
 A nested `pytest -n 2` runs a property (servers and TP rank processes per xdist worker)
 in its own process group, tagged through its environment; once its servers and ranks
-are up, the whole group gets SIGINT, as a terminal's Ctrl-C sends it. Afterwards no
-process of that run may be left (the suite's children run in sessions of their own, so
-they see no SIGINT: they go through PR_SET_PDEATHSIG and the suite's atexit reaping), no
-/dev/shm segment of theirs, no temp dir (the run's TMPDIR holds only pytest's own
-basetemp), and no port of theirs still listening.
+are up, it is stopped one of two ways: the whole group gets SIGINT, as a terminal's Ctrl-C
+sends it, or pytest's own process alone gets SIGTERM, as a CI runner cancelling a job or
+`kill PID` sends it (the controller passes it on to its xdist workers:
+fixtures.drivers.procs.sigterm_like_ctrl_c). Afterwards no process of that run may be left
+(the suite's children run in sessions of their own, so they see neither signal: they go
+through PR_SET_PDEATHSIG and the suite's atexit reaping), no /dev/shm segment of theirs, no
+temp dir (the run's TMPDIR holds only pytest's own basetemp), and no port of theirs still
+listening.
 """
 
 from __future__ import annotations
@@ -50,8 +53,20 @@ def _listening(procs: list[psutil.Process]) -> set[int]:
     return ports
 
 
+def _ctrl_c(run: subprocess.Popen) -> None:
+    os.killpg(run.pid, signal.SIGINT)
+
+
+def _sigterm_to_pytest(run: subprocess.Popen) -> None:
+    os.kill(run.pid, signal.SIGTERM)
+
+
+STOPS = {"sigint-to-the-group": _ctrl_c, "sigterm-to-pytest-alone": _sigterm_to_pytest}
+
+
 @pytest.mark.slow
-def test_sigint_to_a_running_suite_leaves_nothing_behind(tmp_path):
+@pytest.mark.parametrize("how", list(STOPS))
+def test_an_interrupted_suite_leaves_nothing_behind(tmp_path, how):
     tag = uuid.uuid4().hex
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
@@ -82,7 +97,7 @@ def test_sigint_to_a_running_suite_leaves_nothing_behind(tmp_path):
         assert run.poll() is None, "the nested run ended before it could be interrupted:\n" + run.stdout.read().decode()[-3000:]
         assert up, f"the nested run did not bring up two servers and their ranks in 240 s (saw {sorted(seen.values())})"
         time.sleep(2)  # mid-example
-        os.killpg(run.pid, signal.SIGINT)
+        STOPS[how](run)
         out, _ = run.communicate(timeout=120)
     finally:
         if run.poll() is None:
@@ -106,5 +121,5 @@ def test_sigint_to_a_running_suite_leaves_nothing_behind(tmp_path):
     still = {c.laddr.port for c in psutil.net_connections(kind="tcp")
              if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}
     assert not still, f"ports of the interrupted run still listening: {sorted(still)}"
-    print(f"\nSIGINT to a running `pytest -n 2`: {len(seen)} processes ({len(ports)} listening ports) "
+    print(f"\n{how}, a running `pytest -n 2`: {len(seen)} processes ({len(ports)} listening ports) "
           f"all gone, no /dev/shm segment, no temp dir left")
