@@ -63,6 +63,8 @@ def pytest_configure(config):
         config._lmcache_pbt_run_dir = procs.make_run_dir()
     # SIGTERM (a cancelled CI job, `kill PID`) cleans up as Ctrl-C does; the controller passes it on
     procs.sigterm_like_ctrl_c(forward_to_workers=not hasattr(config, "workerinput"))
+    # `kill -USR1 PID` prints where every thread of a pytest process stands (a stuck run's post-mortem)
+    procs.dump_stacks_on_sigusr1()
 
     try:
         preflight.check_core()

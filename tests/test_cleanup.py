@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from fixtures.drivers.polling import poll_until
+from fixtures.drivers.procs import STACKS_DIR_ENV, sweep_shm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAG = "LMCACHE_PBT_CLEANUP_TAG"
@@ -53,6 +54,16 @@ def _listening(procs: list[psutil.Process]) -> set[int]:
     return ports
 
 
+def _signals_as_in_a_terminal() -> None:
+    """The nested run takes SIGINT and SIGTERM as a run started from a terminal does. A suite
+    started in the background of a non-interactive shell (`(pytest -n auto &)`, a script's
+    `cmd &`) has SIGINT ignored, and its children inherit that: the Ctrl-C below would then do
+    nothing and the nested run would go on to its end (seen: a clean-clone run started that way
+    failed here after 120 s)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _ctrl_c(run: subprocess.Popen) -> None:
     os.killpg(run.pid, signal.SIGINT)
 
@@ -63,6 +74,44 @@ def _sigterm_to_pytest(run: subprocess.Popen) -> None:
 
 STOPS = {"sigint-to-the-group": _ctrl_c, "sigterm-to-pytest-alone": _sigterm_to_pytest}
 
+#: seconds the interrupted run has to end (it took 4-10 s here, also with both cores kept busy)
+STOP_WITHIN = 120
+
+
+def _post_mortem(run: subprocess.Popen, tag: str, stacks, seen: dict[int, str]) -> str:
+    """Why an interrupted run did not end: which of its processes are still alive, and where
+    each of its pytest processes (the controller, the xdist workers) stands (SIGUSR1 makes
+    them write their stacks: fixtures.drivers.procs.dump_stacks_on_sigusr1). Then it is killed,
+    and the /dev/shm segments its killed processes could not remove are swept."""
+    alive = []
+    for p in _tagged(tag):
+        seen.setdefault(p.pid, "")  # started after the stop: its segments are swept too
+        try:
+            alive.append(f"  {p.pid} (parent {p.ppid()}, {p.status()}): {' '.join(p.cmdline())[:110]}")
+        except psutil.Error:
+            pass
+    pytest_procs = [run.pid]
+    try:
+        pytest_procs += [c.pid for c in psutil.Process(run.pid).children()]
+    except psutil.Error:
+        pass
+    for pid in pytest_procs:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(2)
+    os.killpg(run.pid, signal.SIGKILL)
+    out, _ = run.communicate()
+    poll_until(lambda: _tagged(tag), lambda ps: not ps, timeout=30, first_delay=0.1, max_delay=0.5)
+    for pid in seen:
+        sweep_shm(pid)
+    dumps = [f"--- {f.name} ---\n{f.read_text(errors='replace')[-4000:]}" for f in sorted(stacks.iterdir())
+             if f.stat().st_size]
+    return (f"the interrupted run had not ended {STOP_WITHIN} s after the stop; alive then:\n" + "\n".join(alive)
+            + "\n\nits output (tail):\n" + out.decode(errors="replace")[-3000:]
+            + "\n\nits pytest processes' stacks:\n" + "\n".join(dumps))
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", list(STOPS))
@@ -70,13 +119,16 @@ def test_an_interrupted_suite_leaves_nothing_behind(tmp_path, how):
     tag = uuid.uuid4().hex
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    env = dict(os.environ, **{TAG: tag, "TMPDIR": str(tmpdir), "LMCACHE_PBT_REPRO_DIR": str(tmp_path / "repros")})
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    env = dict(os.environ, **{TAG: tag, "TMPDIR": str(tmpdir), "LMCACHE_PBT_REPRO_DIR": str(tmp_path / "repros"),
+                              STACKS_DIR_ENV: str(stacks)})
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_XDIST_TESTRUNUID", None)
     argv = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "--hypothesis-profile=nightly",
             "tests/test_hits.py::test_hit_is_exactly_the_stored_prefix", "-k", "cpu"]
     run = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           start_new_session=True)
+                           start_new_session=True, preexec_fn=_signals_as_in_a_terminal)
     seen: dict[int, str] = {}
     ports: set[int] = set()
 
@@ -98,7 +150,12 @@ def test_an_interrupted_suite_leaves_nothing_behind(tmp_path, how):
         assert up, f"the nested run did not bring up two servers and their ranks in 240 s (saw {sorted(seen.values())})"
         time.sleep(2)  # mid-example
         STOPS[how](run)
-        out, _ = run.communicate(timeout=120)
+        stopped_at = time.monotonic()
+        try:
+            out, _ = run.communicate(timeout=STOP_WITHIN)
+        except subprocess.TimeoutExpired:
+            pytest.fail(_post_mortem(run, tag, stacks, seen), pytrace=False)
+        took = time.monotonic() - stopped_at
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
@@ -121,5 +178,5 @@ def test_an_interrupted_suite_leaves_nothing_behind(tmp_path, how):
     still = {c.laddr.port for c in psutil.net_connections(kind="tcp")
              if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}
     assert not still, f"ports of the interrupted run still listening: {sorted(still)}"
-    print(f"\n{how}, a running `pytest -n 2`: {len(seen)} processes ({len(ports)} listening ports) "
-          f"all gone, no /dev/shm segment, no temp dir left")
+    print(f"\n{how}, a running `pytest -n 2`: stopped in {took:.1f} s; {len(seen)} processes "
+          f"({len(ports)} listening ports) all gone, no /dev/shm segment, no temp dir left")
