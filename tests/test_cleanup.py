@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from fixtures.drivers.polling import poll_until
-from fixtures.drivers.procs import STACKS_DIR_ENV, sweep_shm
+from fixtures.drivers.procs import STACKS_DIR_ENV, fold_stacks, sweep_shm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAG = "LMCACHE_PBT_CLEANUP_TAG"
@@ -106,7 +106,7 @@ def _post_mortem(run: subprocess.Popen, tag: str, stacks, seen: dict[int, str]) 
     poll_until(lambda: _tagged(tag), lambda ps: not ps, timeout=30, first_delay=0.1, max_delay=0.5)
     for pid in seen:
         sweep_shm(pid)
-    dumps = [f"--- {f.name} ---\n{f.read_text(errors='replace')[-4000:]}" for f in sorted(stacks.iterdir())
+    dumps = [f"--- {f.name} ---\n{fold_stacks(f.read_text(errors='replace'))[:4000]}" for f in sorted(stacks.iterdir())
              if f.stat().st_size]
     return (f"the interrupted run had not ended {STOP_WITHIN} s after the stop; alive then:\n" + "\n".join(alive)
             + "\n\nits output (tail):\n" + out.decode(errors="replace")[-3000:]

@@ -200,8 +200,44 @@ def test_a_rank_that_misses_a_reply_says_where_it_hangs():
         spec = AdapterSpec("tcp://127.0.0.1:1", "pbt-hang", 1, 0, "lmcache_driven", KVLayout(), 16)
         with pytest.raises(HarnessError) as e:
             pool.call([0], "open", [(("hang",), spec)], timeout=5)
+        # the pool stopped its ranks: a later call (an engine's close) is told so, in one line
+        with pytest.raises(HarnessError, match="rank 0 is not running"):
+            pool.call([0], "close", [(("hang",),)])
     finally:
         pool.close()
     msg = str(e.value)
+    print(msg)
     assert msg.startswith("rank 0 did not answer 'open' within 5 s"), msg
-    assert "faulthandler" in msg and "vllm_multi_process_adapter.py" in msg and "rank.py" in msg, msg
+    assert "faulthandler" in msg, msg
+    # the main thread comes first, where it waits: in the adapter, called from the rank's loop
+    main = msg.split("[the main thread]", 1)[1].split("\n  \n", 1)[0]
+    assert "vllm_multi_process_adapter.py" in main and "rank.py" in main, msg
+
+
+def test_a_thread_dump_leads_with_the_main_thread_and_folds_the_rest(tmp_path):
+    """faulthandler lists the newest thread first, and a rank holds dozens of idle heartbeat
+    threads, so a dump cut at 80 lines lost the main thread (a clean-clone run's hang in
+    'open' showed only heartbeat waits). fold_stacks puts it first and folds equal stacks."""
+    import faulthandler
+    import threading
+
+    from fixtures.drivers.procs import fold_stacks
+
+    stop = threading.Event()
+    idle = [threading.Thread(target=stop.wait, daemon=True) for _ in range(5)]
+    for t in idle:
+        t.start()
+    path = tmp_path / "dump.txt"
+    try:
+        with open(path, "w") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+    finally:
+        stop.set()
+    raw = path.read_text()
+    folded = fold_stacks(raw)
+    first = folded.split("\n\n", 1)[0]
+    assert "[the main thread]" in first.splitlines()[0], folded
+    assert "test_a_thread_dump_leads_with_the_main_thread" in first, folded
+    assert "5 threads with this stack" in folded, folded
+    assert len(folded.splitlines()) < len(raw.splitlines()), (raw, folded)
+    assert fold_stacks("not a dump\n") == "not a dump"
