@@ -206,7 +206,6 @@ def test_a_rank_that_misses_a_reply_says_where_it_hangs():
     finally:
         pool.close()
     msg = str(e.value)
-    print(msg)
     assert msg.startswith("rank 0 did not answer 'open' within 5 s"), msg
     assert "faulthandler" in msg, msg
     # the main thread comes first, where it waits: in the adapter, called from the rank's loop
