@@ -65,6 +65,8 @@ def pytest_configure(config):
     procs.sigterm_like_ctrl_c(forward_to_workers=not hasattr(config, "workerinput"))
     # `kill -USR1 PID` prints where every thread of a pytest process stands (a stuck run's post-mortem)
     procs.dump_stacks_on_sigusr1()
+    # LMCache's connector (scheduler side, in this process) makes its sockets on Context.instance()
+    procs.bound_zmq_linger()
 
     try:
         preflight.check_core()

@@ -142,10 +142,14 @@ def test_a_bad_server_flag_is_one_clear_line(tmp_path):
 
 @pytest.mark.parametrize("which", ["zmq", "http"])
 def test_a_port_taken_before_the_server_binds_it_is_allocated_again(tmp_path, monkeypatch, which):
-    """free_port() hands out a port that another process (another xdist worker's server) may
-    bind first. A clean-clone run saw worker B's HTTP port be worker A's ZMQ port: B failed to
-    bind, and A's clients never reached its server. Made deterministic: the first port handed
-    out is already listened on by someone else; the server must end up on ports of its own."""
+    """free_port() hands out a port that another process may bind first (a process outside the
+    suite, e.g. a vLLM engine's own ZMQ socket). A clean-clone run saw worker B's HTTP port be
+    worker A's ZMQ port: B failed to bind, and A's clients never reached its server. Made
+    deterministic: the first port handed out is already listened on by someone else. The
+    server must end up on ports of its own, and its start must not connect to the squatter at
+    all: its readiness /healthcheck, sent to a ZMQ ROUTER, arrives there as a one-frame request,
+    which stops an LMCache 0.5.6 server's request loop for good (CI: a chunk-16 server whose
+    request thread died at start-up, and the next test that used it failed to open)."""
     import socket
 
     from fixtures.drivers import procs
@@ -154,6 +158,7 @@ def test_a_port_taken_before_the_server_binds_it_is_allocated_again(tmp_path, mo
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     squatter.bind((procs.LOOPBACK, 0))
     squatter.listen()
+    squatter.setblocking(False)
     taken = squatter.getsockname()[1]
     real, calls = procs.free_port, []
 
@@ -164,14 +169,93 @@ def test_a_port_taken_before_the_server_binds_it_is_allocated_again(tmp_path, mo
 
     monkeypatch.setattr(procs, "free_port", free_port)
     srv = LMCacheServer(ServerOptions(chunk_size=16), workdir=str(tmp_path))
+    knocks = 0
     try:
         srv.start()
         assert taken not in (srv.zmq_port, srv.http_port)
         assert {srv.zmq_port, srv.http_port} <= procs.listening_ports(srv.proc.pid)
         assert srv.status().get("chunk_size") == 16
+        while True:
+            try:
+                squatter.accept()[0].close()
+            except BlockingIOError:
+                break
+            knocks += 1
+        assert knocks == 0, f"the server's start connected {knocks} time(s) to port {taken}, another process's"
     finally:
         srv.close()
         squatter.close()
+
+
+def test_no_port_is_handed_out_twice_in_a_session(tmp_path, monkeypatch):
+    """free_port() skips every port another process of the session has claimed, and never hands
+    out one twice: a stopped server's port is never another server's. (CI: a worker's
+    /healthcheck reached a port another worker's server had just bound for ZMQ and stopped
+    that server's request loop; a closed client's unsent request reaches the next server on
+    its port.) Here every port of the kernel's range is claimed by "another worker" but one in 35."""
+    import pathlib
+
+    from fixtures.drivers import procs
+
+    lo, hi = map(int, pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    unclaimed = set(range(lo, hi + 1, 35))  # odd and even: a kernel may hand out only one parity
+    claims = tmp_path / "ports"
+    claims.mkdir()
+    for port in range(lo, hi + 1):
+        if port not in unclaimed:
+            (claims / str(port)).touch()
+    monkeypatch.setenv(procs.PORTS_DIR_ENV, str(claims))
+    monkeypatch.setattr(procs, "_ports_handed_out", set())
+    got = [procs.free_port() for _ in range(20)]
+    assert len(set(got)) == len(got), f"a port handed out twice: {sorted(got)}"
+    assert set(got) <= unclaimed, f"ports another process had claimed: {sorted(set(got) - unclaimed)}"
+    assert {str(p) for p in got} <= {f.name for f in claims.iterdir()}, "handed out without a claim"
+
+
+def _mq_client_and_noop():
+    """LMCache's own ZMQ request client, and its no-op request (names moved in 0.5.6)."""
+    try:
+        from lmcache.v1.multiprocess.transport.zmq_impl.mq import MessageQueueClient
+        return MessageQueueClient, lambda client: client.submit_request("noop", [])
+    except ImportError:
+        from lmcache.v1.multiprocess.mq import MessageQueueClient
+        from lmcache.v1.multiprocess.protocol import RequestType
+        return MessageQueueClient, lambda client: client.submit_request(RequestType.NOOP, [])
+
+
+@pytest.mark.parametrize("context", ["adapter_zmq_context", "Context.instance"])
+def test_a_closed_clients_unsent_request_does_not_reach_a_later_server(context):
+    """A request LMCache's client queued for a server that is gone is dropped once the client
+    is closed, not handed to whatever binds that port later. ZMQ's default linger is forever,
+    and measured on this client it was: a ROUTER bound on the port seconds after the close got
+    the request. Both contexts the suite's adapters use: one per adapter, and the process's
+    Context.instance() that LMCache's connector takes (conftest and every rank process bound it)."""
+    import time
+
+    import zmq
+
+    from fixtures.drivers import procs
+
+    MessageQueueClient, noop = _mq_client_and_noop()
+    port = procs.free_port()  # nothing listens there: the request stays queued in the client
+    ctx = procs.adapter_zmq_context() if context == "adapter_zmq_context" else zmq.Context.instance()
+    client = MessageQueueClient(f"tcp://{procs.LOOPBACK}:{port}", ctx)
+    noop(client)
+    time.sleep(0.3)
+    client.close()
+    if context == "adapter_zmq_context":
+        procs.retire_zmq_context(ctx)
+    time.sleep(procs.ZMQ_LINGER_MS / 1000 + 1.0)
+    later = zmq.Context()
+    router = later.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    try:
+        router.bind(f"tcp://{procs.LOOPBACK}:{port}")
+        got = router.recv_multipart() if router.poll(2500) else None  # LMCache reconnects at least every 1 s
+    finally:
+        router.close()
+        later.term()
+    assert got is None, f"a server bound on port {port} after the client closed received {got!r}"
 
 
 def test_repro_files_replay_the_same_case(tmp_path, monkeypatch):
