@@ -258,6 +258,43 @@ def test_a_closed_clients_unsent_request_does_not_reach_a_later_server(context):
     assert got is None, f"a server bound on port {port} after the client closed received {got!r}"
 
 
+def test_a_server_whose_request_loop_died_says_so(tmp_path):
+    """LMCache 0.5.6 lets one malformed request (here one ZMQ frame) end the server's request
+    thread while /healthcheck stays 200, so "the server answers /healthcheck" misleads a reader
+    of a hang. The message about a rank that hung talking to it names the dead loop."""
+    import types
+
+    import zmq
+
+    from fixtures.drivers import procs
+    from fixtures.drivers.engine import Engine
+    from fixtures.drivers.server import LMCacheServer
+
+    MessageQueueClient, noop = _mq_client_and_noop()
+    srv = LMCacheServer(ServerOptions(chunk_size=16, l1_size_gb=0.0625), workdir=str(tmp_path)).start()
+    ctx = procs.bound_zmq_linger(zmq.Context())
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    client = None
+    try:
+        assert srv.request_loop_death() is None
+        raw.connect(srv.url)
+        raw.send_multipart([b"x"])
+        client = MessageQueueClient(srv.url, ctx)
+        if noop(client).wait(timeout=3.0):
+            pytest.skip("this build's request loop survives a one-frame request: nothing to report")
+        death = srv.request_loop_death()
+        assert death is not None and "AssertionError" in death, death
+        state = Engine._server_state(types.SimpleNamespace(server=srv))
+        assert srv.is_alive() and f"its request loop is dead ({death})" in state, state
+    finally:
+        if client is not None:
+            client.close()
+        raw.close()
+        ctx.term()
+        srv.close()
+
+
 def test_repro_files_replay_the_same_case(tmp_path, monkeypatch):
     monkeypatch.setenv("LMCACHE_PBT_REPRO_DIR", str(tmp_path))
     w = Workload(ServerOptions(chunk_size=16), 1, "lmcache_driven", KVLayout(),
