@@ -258,6 +258,34 @@ def test_a_closed_clients_unsent_request_does_not_reach_a_later_server(context):
     assert got is None, f"a server bound on port {port} after the client closed received {got!r}"
 
 
+def test_a_status_that_does_not_answer_is_an_error_not_a_skipped_locks_check():
+    """The busy machine's [locks] check reads lock counts from /status. It read any error as
+    "this server has no lock detail" and skipped the check as if it had passed (one suspect, not
+    proven, for a clean-clone run where the kept-locks fault went uncaught). Now a /status that
+    does not answer (a real refused connection) is an error naming it; only an answer without
+    the counts is None."""
+    import urllib.request
+
+    from fixtures.drivers.procs import free_port
+    from fixtures.errors import HarnessError
+    from fixtures.machines.busy_connector import _lock_counts
+
+    class Unreachable:  # nothing listens on this port: urllib raises a real URLError (an OSError)
+        url = f"http://127.0.0.1:{free_port()}/status"
+
+        def status(self):
+            with urllib.request.urlopen(self.url, timeout=2) as r:
+                return json.loads(r.read())
+
+    class NoLockDetail:
+        def status(self):
+            return {"storage_manager": {}}
+
+    with pytest.raises(HarnessError, match="/status did not answer"):
+        _lock_counts(Unreachable(), timeout=0.5)
+    assert _lock_counts(NoLockDetail()) is None
+
+
 def test_a_server_whose_request_loop_died_says_so(tmp_path):
     """LMCache 0.5.6 lets one malformed request (here one ZMQ frame) end the server's request
     thread while /healthcheck stays 200, so "the server answers /healthcheck" misleads a reader
