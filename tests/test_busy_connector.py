@@ -13,11 +13,13 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass, replace
+from itertools import groupby
 
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from fixtures import observe
 from fixtures.case.model import ModelShape
 from fixtures.case.workload import PromptSpec
 from fixtures.compat import capabilities as caps
@@ -337,11 +339,16 @@ def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
     start, program = SITUATIONS[0], SITUATIONS[1:]
     t0 = time.monotonic()
     clean = busy_machine(replace(cfg, scheduler_faults=(), server_faults=()))
-    with supported(cfg):
+    with supported(cfg), observe.recorded() as seen:
         why, at = first_failure(Machine, SITUATIONS)
-        if why is None:
+    if why is None:
+        with supported(cfg):
             skip_on_other_builds(check.fault, fails(clean, SITUATIONS))
-    assert why is not None, f"{check.fault} was NOT caught on the situations program"
+    # (what the machine saw, so that a miss names its cause: the requests, the rules'
+    # events, each idle check's verdict)
+    runs = [line if n == 1 else f"{line} (x{n})" for line, n in ((k, len(list(g))) for k, g in groupby(seen))]
+    assert why is not None, (f"{check.fault} was NOT caught on the situations program; the machine saw, last 30:\n  "
+                             + "\n  ".join(runs[-30:]))
     failing = shrink_program(lambda steps: run_program(Machine, [start] + steps), program[:at], examples=SEARCH_EXAMPLES)
     secs = time.monotonic() - t0
     assert failing, f"{check.fault}: caught on the situations, but no subsequence failed in {SEARCH_EXAMPLES} examples"

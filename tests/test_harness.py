@@ -258,6 +258,19 @@ def test_a_closed_clients_unsent_request_does_not_reach_a_later_server(context):
     assert got is None, f"a server bound on port {port} after the client closed received {got!r}"
 
 
+def test_events_and_notes_are_recorded_outside_a_hypothesis_test():
+    """observe.recorded() keeps the machines' events and notes where Hypothesis does not (a
+    self-check's first run is outside a test): a fault that goes unseen shows what was seen."""
+    from fixtures import observe
+
+    observe.event("before")
+    with observe.recorded() as seen:
+        observe.note("add r1")
+        observe.event("idle: every lock released")
+    observe.event("after")
+    assert seen == ["add r1", "idle: every lock released"]
+
+
 def test_a_status_that_does_not_answer_is_an_error_not_a_skipped_locks_check():
     """The busy machine's [locks] check reads lock counts from /status. It read any error as
     "this server has no lock detail" and skipped the check as if it had passed (one suspect, not
