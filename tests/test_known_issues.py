@@ -19,6 +19,7 @@ from fixtures.compat import capabilities as caps
 from fixtures.compat import refusals
 from fixtures.compat.known_issues import installed_lmcache, known_issue
 from fixtures.drivers.engine import Engine
+from fixtures.drivers.polling import poll_until
 from fixtures.drivers.vllm_model import resolved_block_size
 from fixtures.errors import HarnessError
 from fixtures.oracle import invariants, verdicts
@@ -425,11 +426,8 @@ def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
                         "request was scheduled before the abort, so no abort before its lookup is consumed "
                         "can be made on this build")
         srv = m.server  # (no MP_LOOKUP_PREFETCH_END shows for the aborted request: its result is never consumed)
-        deadline = time.monotonic() + 5
-        counts = _lock_counts(srv)
-        while counts != (0, 0) and time.monotonic() < deadline:
-            time.sleep(0.1)
-            counts = _lock_counts(srv)
+        counts = poll_until(lambda: _lock_counts(srv), lambda c: c == (0, 0), timeout=5, first_delay=0.1,
+                            max_delay=0.1)[1]
         assert counts == (0, 0), (f"5 s after the aborted request ended (no request alive) the server's L1 holds "
                                   f"{counts[0]} read-locked and {counts[1]} write-locked objects")
     finally:
