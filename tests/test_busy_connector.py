@@ -257,13 +257,21 @@ FAULT_PROGRAMS = {
         ("drain", {}),
     ],
     # two 4-chunk prompts fit at admission (vLLM reserves the whole prompt: 8 + 8 of 17 usable
-    # blocks) but not their first decode blocks: vLLM preempts the second, whose own blocks
-    # stay in its prefix cache; it resumes with vLLM's hit covering LMCache's (no retrieve),
-    # so only free_lookup_locks releases the lookup's 4 read locks
+    # blocks) but not their first decode blocks: vLLM preempts the one admitted second, whose
+    # own blocks stay in its prefix cache; it resumes with vLLM's hit covering LMCache's (no
+    # retrieve), so only free_lookup_locks releases the lookup's 4 read locks. Their lookups
+    # answer when they answer (polled without blocking): with 3 tokens each, the one whose
+    # lookup answered first could finish before the other was admitted (a lookup 8 steps
+    # late), so nothing was preempted (a clean-clone run where the fault went unseen). With 16
+    # tokens (at most 9 blocks: 128 + 15 positions) the first still runs, within 9 + 8 blocks,
+    # when a lookup answers up to 12 steps late (tests/test_busy_connector.py::
+    # test_the_locks_situation_preempts_when_a_lookup_answers_late), and the steps 50 ms
+    # apart give both lookups time to answer before either is admitted
     "preempted_lookup_locks_kept->locks": [
         ("start", {"tp": 1, "budget": 200}),
-        ("add_request", dict(p=PromptSpec(1, 128), tenant="t0", max_tokens=3)),
-        ("add_request", dict(p=PromptSpec(0, 128), tenant="t0", max_tokens=3)),
+        ("add_request", dict(p=PromptSpec(1, 128), tenant="t0", max_tokens=16)),
+        ("add_request", dict(p=PromptSpec(0, 128), tenant="t0", max_tokens=16)),
+        ("step", dict(wait_ms=50, n=3)),
         ("drain", {}),
     ],
     # a 2-chunk prefix is stored (vLLM's prefix cache reset, so LMCache serves it); a request
@@ -313,6 +321,40 @@ def test_busy_fault_program_is_caught(busy_machine, check):
     assert why is not None, f"{check.fault}: its program passed every check"
     assert any(why.startswith(f"[{tag}]") for tag in check.tags), f"{check.fault}: caught by another check: {why}"
     assert clean_why is None, f"{check.fault}: the program fails without the fault too: {clean_why}"
+
+
+@pytest.mark.selfcheck
+@pytest.mark.parametrize("late", ["r1", "r2"])
+def test_the_locks_situation_preempts_when_a_lookup_answers_late(busy_machine, monkeypatch, late):
+    """The kept-locks program does not depend on which lookup answers first: with one
+    request's lookup answering 12 steps after the other's (vLLM's "not ready yet", None, from
+    the connector's get_num_new_matched_tokens, as a slow server answers), the first request
+    still runs when the second is admitted, vLLM preempts, and [locks] catches the fault.
+    (With 3 tokens per request, as before, a lookup 8 steps late meant no preemption at all.)"""
+    from fixtures.drivers import vllm_model  # noqa: F401  (first: it sets up vLLM's CPU platform)
+    from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
+
+    check = next(c for c in FIXED if c.fault == "preempted_lookup_locks_kept")
+    answer = LMCacheMPConnector.get_num_new_matched_tokens
+    not_ready = []
+
+    def answers_late(self, request, num_computed_tokens):
+        if request.request_id.endswith(f"-{late}") and len(not_ready) < 12:
+            not_ready.append(request.request_id)
+            return None, False
+        return answer(self, request, num_computed_tokens)
+
+    monkeypatch.setattr(LMCacheMPConnector, "get_num_new_matched_tokens", answers_late)
+    cfg = check.config()
+    with supported(cfg), observe.recorded() as seen:
+        why = fails(busy_machine(cfg), FAULT_PROGRAMS[check.id])
+    if why is None:
+        with supported(cfg):
+            skip_on_other_builds(check.fault, fails(busy_machine(replace(cfg, scheduler_faults=())),
+                                                    FAULT_PROGRAMS[check.id]))
+    assert len(not_ready) == 12, f"the lookup of {late} was asked only {len(not_ready)} times before it answered"
+    assert "vLLM preempted a request (block pressure or preempt_all)" in seen, "nothing was preempted"
+    assert why is not None and why.startswith("[locks]"), f"{check.fault}: not caught by [locks]: {why}"
 
 
 #: The search space of the shrinking self-checks: the three situations above, one after the
