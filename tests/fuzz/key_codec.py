@@ -61,7 +61,10 @@ with _common.instrumented(__name__):
         msgspec_decode,
         msgspec_encode,
     )
-    from lmcache.v1.storage_backend.raw_block import key_codec as raw_block
+    try:  # the raw-block key codec moved under the L2 adapters in 0.5.7
+        from lmcache.v1.distributed.l2_adapters.raw_block import key_codec as raw_block
+    except ImportError:
+        from lmcache.v1.storage_backend.raw_block import key_codec as raw_block
 
 import msgspec
 
