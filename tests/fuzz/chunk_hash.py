@@ -48,8 +48,10 @@ MAX_CHUNK = 32
 U32 = 2 ** 32
 #: Values a token must never be silently hashed as (index into it from fuzz bytes).
 ODD_TOKENS = (-1, U32, U32 + 7, 2 ** 63 - 1, -(2 ** 63), 2 ** 64, -(2 ** 31), 3.0, np.int64(-1), np.uint64(U32))
-#: How a clean "this token cannot be hashed" looks.
-CLEAN_TOKEN_ERRORS = (struct.error, ValueError, TypeError)
+#: How a clean "this token cannot be hashed" looks. From 0.5.7 tokens are packed by
+#: lmcache.v1.multiprocess.token_codec.pack_token_ids, whose documented rejection of a token
+#: outside uint32 is OverflowError (0.5.6 and before: struct.error from struct.pack(">I")).
+CLEAN_TOKEN_ERRORS = (struct.error, ValueError, TypeError, OverflowError)
 HASH_LEN = 32  # blake3 digest
 
 
@@ -170,6 +172,18 @@ def check(case: Case) -> None:
     if got != [full[i] for i in want_idx]:
         _fail(case, f"start={case.start} end={case.end}: got {len(got)} hashes, expected those of chunks {want_idx}"
                     + (" (out-of-range tokens sit past the hashed range)" if a != a_clean else ""))
+
+    # 0.5.7 on: the server hashes the packed tokens of IPCCacheServerKey.token_bytes with
+    # compute_packed_chunk_hashes; it must give the token-list hashes, for ranges and resumes too
+    packed_hashes = getattr(h, "compute_packed_chunk_hashes", None)
+    if packed_hashes is not None:
+        from lmcache.v1.multiprocess.token_codec import pack_token_ids
+
+        if packed_hashes(pack_token_ids(a_clean), start=s, end=e) != [full[i] for i in want_idx]:
+            _fail(case, f"compute_packed_chunk_hashes(start={case.start}, end={case.end}) != compute_chunk_hashes "
+                        f"of the same tokens")
+        if n and packed_hashes(pack_token_ids(a_clean[k * C:]), prefix_hash=prev) != full[k:]:
+            _fail(case, f"compute_packed_chunk_hashes resuming at chunk {k} != compute_chunk_hashes")
 
     b = list(case.b)
     hb = h.compute_chunk_hashes(b)

@@ -75,6 +75,27 @@ FS_SEP = fs_l2_adapter._PATH_SLASH_REPLACEMENT  # "-SEP-"
 IPC_FIELDS = [f.name for f in dataclasses.fields(IPCCacheServerKey)]
 IPC_IDENTITY = [f.name for f in dataclasses.fields(IPCCacheServerKey) if f.compare]
 OBJ_IDENTITY = ("model_name", "world_size", "worker_id", "cache_salt")
+#: The key's token field: a tuple of ints `token_ids` (to 0.5.6) or `token_bytes`, big-endian
+#: uint32 words packed by lmcache.v1.multiprocess.token_codec (0.5.7 on; a length that is not
+#: a multiple of 4 must be rejected with ValueError).
+TOKENS = "token_bytes" if "token_bytes" in IPC_FIELDS else "token_ids"
+
+
+def tokens(ids, stray: bytes = b""):
+    """Token ids as this build's key holds them; `stray`: bytes after the packed words (only the
+    packed form can carry them: a malformed key)."""
+    if TOKENS == "token_ids":
+        return tuple(ids)
+    return b"".join(int(t).to_bytes(4, "big") for t in ids) + stray
+
+
+def more_tokens(value, t: int = 7):
+    """The same tokens with one more after them."""
+    return value + ((t,) if TOKENS == "token_ids" else int(t).to_bytes(4, "big"))
+
+
+def _tokens_ok(value) -> bool:
+    return TOKENS == "token_ids" or len(value) % 4 == 0
 
 _ipc_enc, _ipc_dec = get_customized_encoder(IPCCacheServerKey), get_customized_decoder(IPCCacheServerKey)
 _obj_enc, _obj_dec = get_customized_encoder(ObjectKey), get_customized_decoder(ObjectKey)
@@ -123,7 +144,8 @@ def ipc_fields(r: _common.Reader) -> dict:
         model_name=r.text(40),
         world_size=ws,
         worker_id=worker,
-        token_ids=tuple((r.i64() if flags & 8 else r.u32()) for _ in range(r.u8() % 40)),
+        **{TOKENS: (tuple((r.i64() if flags & 8 else r.u32()) for _ in range(r.u8() % 40)) if TOKENS == "token_ids"
+                    else tokens([r.u32() for _ in range(r.u8() % 40)], r.blob(3) if flags & 8 else b""))},
         start=r.i16(),
         end=r.i16(),
         request_id=r.text(24),
@@ -154,7 +176,7 @@ def variant(fields: dict, r: _common.Reader) -> dict:
     elif which == 6:
         v["request_configs"] = {"k": r.u8()}
     elif which == 7:
-        v["token_ids"] = v["token_ids"] + (r.u32(),)
+        v[TOKENS] = more_tokens(v[TOKENS], r.u32())
     else:
         v["num_kv_readers"] = (v["num_kv_readers"] + 1) % 256
     return v
@@ -195,7 +217,11 @@ def _check_ipc_invariants(k, where: str) -> None:
             raise Finding(f"{where}: accepted {name}={f[name]!r} ({type(f[name]).__name__}, declared {t.__name__})")
     if f["worker_id"] is not None and type(f["worker_id"]) is not int:
         raise Finding(f"{where}: accepted worker_id={f['worker_id']!r}")
-    if type(f["token_ids"]) is not tuple or any(type(t) is not int for t in f["token_ids"]):
+    if TOKENS == "token_bytes":
+        if type(f[TOKENS]) is not bytes or len(f[TOKENS]) % 4:
+            raise Finding(f"{where}: accepted token_bytes {f[TOKENS][:12]!r} of type {type(f[TOKENS]).__name__}, "
+                          f"length {len(f[TOKENS])}")
+    elif type(f["token_ids"]) is not tuple or any(type(t) is not int for t in f["token_ids"]):
         raise Finding(f"{where}: accepted token_ids of type {type(f['token_ids']).__name__} "
                       f"{[type(t).__name__ for t in f['token_ids']][:3]}")
     if f["request_configs"] is not None and type(f["request_configs"]) is not dict:
@@ -331,9 +357,9 @@ def check_ipc_struct(fields: dict, other: dict, chunk_hashes: list[bytes]) -> No
     for f in (fields, other):
         k, err = _common.outcome(IPCCacheServerKey, **f)
         salt_ok = not (SALT_FORBIDDEN & set(f["cache_salt"])) and len(f["cache_salt"]) <= SALT_MAX
-        if (err is None) != salt_ok or (err is not None and not isinstance(err, ValueError)):
-            raise Finding(f"IPCCacheServerKey(cache_salt={f['cache_salt'][:40]!r}) "
-                          f"{'accepted' if err is None else f'raised {type(err).__name__}'}")
+        if (err is None) != (salt_ok and _tokens_ok(f[TOKENS])) or (err is not None and not isinstance(err, ValueError)):
+            raise Finding(f"IPCCacheServerKey(cache_salt={f['cache_salt'][:40]!r}, {TOKENS} of "
+                          f"{len(f[TOKENS])}) {'accepted' if err is None else f'raised {type(err).__name__}'}")
         # The same fields as a wire map: the decoder must agree with the constructor.
         wire = _raw_enc.encode({n: v for n, v in f.items()})
         dk, derr = _common.outcome(msgspec_decode, wire, IPCCacheServerKey)
@@ -441,7 +467,7 @@ def strategies():
         ws = draw(st.one_of(st.integers(1, 8), st.integers(1, 600)))
         f = dict(model_name=draw(st.text(max_size=12)), world_size=ws,
                  worker_id=draw(st.one_of(st.none(), st.integers(0, ws - 1))),
-                 token_ids=tuple(draw(st.lists(st.integers(0, 2**32 - 1), max_size=20))),
+                 **{TOKENS: tokens(draw(st.lists(st.integers(0, 2**32 - 1), max_size=20)))},
                  start=draw(st.integers(-16, 64)), end=draw(st.integers(-16, 64)),
                  request_id=draw(st.text(max_size=8)), cache_salt=draw(salt_any),
                  request_configs=draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=6), json, max_size=3))),
@@ -456,8 +482,8 @@ def strategies():
             other["worker_id"] = draw(st.one_of(st.none(), st.integers(0, ws - 1)))
         elif field == "cache_salt":
             other["cache_salt"] = draw(salt_ok)
-        elif field == "token_ids":
-            other["token_ids"] = f["token_ids"] + (7,)
+        elif field == TOKENS:
+            other[TOKENS] = more_tokens(f[TOKENS])
         elif field in ("start", "end", "num_kv_readers"):
             other[field] = f[field] + 1
         elif field == "request_configs":

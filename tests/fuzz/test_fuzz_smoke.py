@@ -34,6 +34,14 @@ def corpus(target: str) -> list[bytes]:
 
 def test_seed_files_are_current():
     """fuzz/corpus and fuzz/dicts are what tests/fuzz/seeds.py builds from the installed LMCache."""
+    from fixtures.compat.known_issues import holds_on, installed_lmcache
+    from fixtures.compat.preflight import pinned
+
+    if not holds_on(f"=={pinned()['lmcache']}"):
+        # the committed files are built from the pinned build; another build's messages differ
+        # (0.5.7: token_bytes keys). They still serve as seeds there; the fuzz tests run.
+        pytest.skip(f"the committed seeds are built from the pinned lmcache {pinned()['lmcache']}; "
+                    f"installed {installed_lmcache()}: not compared")
     assert seeds.main(["--check"]) == 0, "seeds or dictionaries out of date: run .venv/bin/python -m tests.fuzz.seeds"
 
 
