@@ -359,6 +359,9 @@ def test_a_rank_that_misses_a_reply_says_where_it_hangs():
     pool = RankPool(size=1)
     try:
         pool.ensure(1)
+        # imports first (0.5.7rc2's took more than the 5 s below on 2 busy cores: the dump
+        # then showed torch importing, not the adapter waiting)
+        pool.call([0], "import", [()], timeout=300)
         spec = AdapterSpec("tcp://127.0.0.1:1", "pbt-hang", 1, 0, "lmcache_driven", KVLayout(), 16)
         with pytest.raises(HarnessError) as e:
             pool.call([0], "open", [(("hang",), spec)], timeout=5)
