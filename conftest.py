@@ -129,8 +129,10 @@ _BLOB = re.compile(r"@reproduce_failure\(([^)]*)\)")
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     from fixtures import repro
+    from fixtures.drivers import pool
 
     repro.set_current_test(item.nodeid)
+    pool.begin_test()
 
 
 @pytest.hookimpl(hookwrapper=True)

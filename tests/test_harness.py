@@ -405,3 +405,26 @@ def test_a_thread_dump_leads_with_the_main_thread_and_folds_the_rest(tmp_path):
     assert "5 threads with this stack" in folded, folded
     assert len(folded.splitlines()) < len(raw.splitlines()), (raw, folded)
     assert fold_stacks("not a dump\n") == "not a dump"
+
+
+def test_make_room_closes_only_what_the_running_test_has_not_used(monkeypatch):
+    """Under memory pressure the pools close idle resources of earlier tests, least recently used
+    first, and never one the running test holds (a real engine was OOM-killed at start while the
+    other pools of both workers held ~20 GB of earlier tests' servers and caches)."""
+    from fixtures.drivers import pool as P
+
+    closed = []
+    a = P.LRUPool(4, close=closed.append)
+    b = P.LRUPool(4, close=closed.append)
+    P.begin_test()  # an earlier test
+    a.get("old-a", lambda: "old-a")
+    b.get("old-b", lambda: "old-b")
+    a.get("older-used-again", lambda: "x")
+    P.begin_test()  # the running test
+    b.get("mine", lambda: "mine")
+    monkeypatch.setenv("LMCACHE_PBT_MIN_FREE_GB", "1000000")  # never enough: close every idle one
+    assert P.make_room() == 3
+    assert closed == ["old-a", "old-b", "x"]
+    assert "mine" in b and len(a) == 0
+    a.close()
+    b.close()
