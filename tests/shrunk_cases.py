@@ -1,5 +1,5 @@
 """Fixed cases every run replays as `@example`s: the shrunk case of every self-check
-(fixtures/selfchecks.py and tests/test_selfchecks.py; the README's table) and the bug
+(fixtures/selfchecks.py and tests/test_selfchecks.py; the table in docs/tier-single-shot.md) and the bug
 report's bracket. Each runs on the ordinary (fault-free) server, where it must pass.
 
 A shrunk case kept as an example keeps the property honest at the exact size where a

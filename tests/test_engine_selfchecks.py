@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.selfcheck]
 
 
 # Shrunk cases the self-checks found, kept as fixed examples of the plain property
-# (tests/test_engine.py runs them on every run; see the README's engine section).
+# (tests/test_engine.py runs them on every run; see docs/tier-engine.md, "Self-checks").
 
 
 @pytest.mark.parametrize("sc", ENGINE_SELF_CHECKS, ids=lambda c: c.id)

@@ -25,7 +25,8 @@ from fixtures.errors import HarnessError
 from fixtures.oracle import invariants, verdicts
 
 #: the LMCache builds these findings are known to hold on (a PEP 440 specifier;
-#: measured with ci/matrix.sh and fixtures.compat.bisect, README "Version matrix"). Findings
+#: measured with ci/matrix.sh and fixtures.compat.bisect, docs/running.md "Version matrix";
+#: the runs: docs/measurements.md; every finding: docs/findings.md). Findings
 #: not yet measured on other builds stay at the build they were found on.
 #: 0.5.7rc2 (the whole-suite matrix run of 2026-12-07, docs/next-release.md): every finding in
 #: this file fails there as an ordinary property with the same exception type and the same
