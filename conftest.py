@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from fixtures import settings as pbt
 from fixtures.drivers import procs  # noqa: F401  (telemetry off in this process and its children)
 
 # ---------------------------------------------------------------------------
@@ -29,25 +30,25 @@ _COMMON = dict(
 )
 settings.register_profile("dev", max_examples=10, **_COMMON)
 # LMCACHE_PBT_DB=DIR keeps failing examples in DIR under any profile (the GPU job keeps it as an artifact)
-_DB = DirectoryBasedExampleDatabase(os.environ["LMCACHE_PBT_DB"]) if os.environ.get("LMCACHE_PBT_DB") else None
+_DB = DirectoryBasedExampleDatabase(pbt.DB.get()) if pbt.DB.get() else None
 settings.register_profile("ci", max_examples=10, derandomize=True, database=_DB, **_COMMON)
 settings.register_profile("smoke", max_examples=2, derandomize=True, database=_DB, **_COMMON)
 settings.register_profile("nightly", max_examples=200, **_COMMON)
 settings.register_profile("selfcheck", max_examples=200, derandomize=True, database=None,
                           phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,
                           **_COMMON)
-DEFAULT_PROFILE = os.environ.get("LMCACHE_PBT_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+DEFAULT_PROFILE = pbt.PROFILE.get("ci" if os.environ.get("CI") else "dev")
 settings.load_profile(DEFAULT_PROFILE)
 
 
 def pytest_addoption(parser):
     g = parser.getgroup("lmcache-pbt")
-    g.addoption("--lmcache-url", default=os.environ.get("LMCACHE_PBT_URL"),
+    g.addoption("--lmcache-url", default=pbt.URL.get(),
                 help="run against an already running server (ZMQ URL, e.g. tcp://127.0.0.1:5555); "
                      "tests that need restarts, faults or other server options skip")
-    g.addoption("--lmcache-http", default=os.environ.get("LMCACHE_PBT_HTTP"),
+    g.addoption("--lmcache-http", default=pbt.HTTP.get(),
                 help="that server's HTTP URL (e.g. http://127.0.0.1:8080), for /metrics and /status")
-    g.addoption("--lmcache-tap", default=os.environ.get("LMCACHE_PBT_TAP"),
+    g.addoption("--lmcache-tap", default=pbt.TAP.get(),
                 help="events file of fixtures.drivers.server_tap loaded by that server (server-side byte figures)")
     g.addoption("--gpu-share", action="store_true", default=False,
                 help="let TP ranks share one GPU when fewer GPUs than ranks exist (tp4 on one GPU)")
@@ -96,12 +97,12 @@ def pytest_configure(config):
         except Exception as e:  # noqa: BLE001
             pytest.exit(f"lmcache-pbt: no LMCache server answers at {http}/config ({e})", returncode=4)
         sw.CHUNK_SIZES = (int(chunk),)
-        os.environ["LMCACHE_PBT_CHUNK_SIZES"] = str(chunk)
+        os.environ[pbt.CHUNK_SIZES.name] = str(chunk)
 
 
 def pytest_unconfigure(config):
     run_dir = getattr(config, "_lmcache_pbt_run_dir", None)
-    if run_dir and not os.environ.get("LMCACHE_PBT_KEEP_SERVER_DIRS"):
+    if run_dir and not pbt.KEEP_SERVER_DIRS.get():
         from fixtures.drivers import procs
 
         procs.remove_run_dir(run_dir)

@@ -33,8 +33,8 @@ if [ "${TORCH_BUILD:-}" = "cuda" ]; then
 fi
 step "main       $($py ci/pins.py main)"
 pip $($py ci/pins.py main)
-step "extras     connector, fuzz"
-pip $($py ci/pins.py connector fuzz)
+step "extras     connector, fuzz, dev"
+pip $($py ci/pins.py connector fuzz dev)
 step "no-deps    $($py ci/pins.py no-deps)"
 pip --no-deps $($py ci/pins.py no-deps)
 # Check that what was installed is what the suite is pinned to.

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 from hypothesis import strategies as st
 
+from fixtures import settings
 from fixtures.case.server import ServerOptions
 from fixtures.case.workload import MODES, PromptSpec, StoreSpec, Workload
 from strategies.layouts import kv_layouts, rank_layouts, tiny_layouts
@@ -14,17 +14,17 @@ from strategies.layouts import kv_layouts, rank_layouts, tiny_layouts
 #: Chunk sizes a run draws from. Each distinct value is one server per xdist
 #: worker (~6 s to start), so the set is small; it includes non-powers of two
 #: and the bug report's 784. Override: LMCACHE_PBT_CHUNK_SIZES=16,48,112,784
-CHUNK_SIZES = tuple(int(x) for x in os.environ.get("LMCACHE_PBT_CHUNK_SIZES", "16,48,256,784").split(","))
+CHUNK_SIZES = settings.CHUNK_SIZES.get()
 
 #: Upper bound on one prompt's tokens in the general properties (the long-prefix
 #: property goes to 160 x 784 = 125,440).
-MAX_TOKENS = int(os.environ.get("LMCACHE_PBT_MAX_TOKENS", "12544"))
+MAX_TOKENS = settings.MAX_TOKENS.get()
 
 #: A generated workload's KV (all prompts, all ranks) stays under this, half the
 #: default 0.25 GB L1, so its chunks always fit below the eviction watermark and
 #: the hit can be predicted exactly. (Pressure on L1 is issue of its own: the
 #: stateful machine fills L1 past the watermark on purpose.)
-MAX_WORKLOAD_BYTES = int(os.environ.get("LMCACHE_PBT_MAX_WORKLOAD_BYTES", str(128 << 20)))
+MAX_WORKLOAD_BYTES = settings.MAX_WORKLOAD_BYTES.get()
 
 
 def chunk_sizes(values: tuple[int, ...] | None = None) -> st.SearchStrategy[int]:

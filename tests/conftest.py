@@ -6,9 +6,10 @@ Profiles, command-line options, one-line errors and repro files are the root con
 
 from __future__ import annotations
 
-import os
 
 import pytest
+
+from fixtures import settings
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +23,7 @@ def harness(request):
     if cfg.getoption("--lmcache-url"):
         external = ExternalServer(cfg.getoption("--lmcache-url"), cfg.getoption("--lmcache-http"),
                                   cfg.getoption("--lmcache-tap"))
-    h = Harness(ServerPool(external=external, max_running=int(os.environ.get("LMCACHE_PBT_MAX_SERVERS", "4"))),
+    h = Harness(ServerPool(external=external, max_running=settings.MAX_SERVERS.get()),
                 RankPool(size=4))
     try:
         yield h

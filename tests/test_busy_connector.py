@@ -10,7 +10,6 @@ connector per TP rank process), and the real server (fs L2). Every step checks
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -19,6 +18,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from fixtures import settings as pbt
 from fixtures import observe
 from fixtures.case.model import ModelShape
 from fixtures.case.workload import PromptSpec
@@ -42,14 +42,14 @@ from fixtures.selfchecks import shrink_program, skip_on_other_builds
 
 pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
 pytestmark = [pytest.mark.connector, pytest.mark.stateful, pytest.mark.busy]
-if os.environ.get("LMCACHE_PBT_NO_BUSY"):
+if pbt.NO_BUSY.get():
     pytestmark.append(pytest.mark.skip(reason="busy-connector tier switched off (LMCACHE_PBT_NO_BUSY=1)"))
 
 #: steps per generated program, and programs per layout (a share of the profile's budget:
 #: 1 at ci and dev, 20 at nightly; every rule already fires in each layout's tour). One
 #: program of 20 steps takes 2-3 min on 2 cores (every check after every engine step).
-STEPS = int(os.environ.get("LMCACHE_PBT_BUSY_STEPS", "20"))
-PROGRAMS = int(os.environ.get("LMCACHE_PBT_BUSY_PROGRAMS", "0")) or budget(0.1)
+STEPS = pbt.BUSY_STEPS.get()
+PROGRAMS = pbt.BUSY_PROGRAMS.get() or budget(0.1)
 
 LAYOUTS = {
     # dense attention, TP 1/2/4; LMCache chunk = 2 blocks of 16
@@ -373,7 +373,7 @@ def test_the_locks_situation_preempts_when_a_lookup_answers_late(busy_machine, m
 SITUATIONS = [("start", {"tp": 1, "budget": 200})] + [s for f in ("retrieve_overrun->computed+freed", "stored_watermark_twice->stores",
                                                                  "preempted_lookup_locks_kept->locks")
                                                        for s in FAULT_PROGRAMS[f] if s[0] != "start"]
-SEARCH_EXAMPLES = int(os.environ.get("LMCACHE_PBT_BUSY_SELFCHECK_EXAMPLES", "12"))
+SEARCH_EXAMPLES = pbt.BUSY_SELFCHECK_EXAMPLES.get()
 
 
 @pytest.mark.selfcheck

@@ -26,11 +26,12 @@ import uuid
 import psutil
 import pytest
 
+from fixtures import settings
 from fixtures.drivers.polling import poll_until
 from fixtures.drivers.procs import STACKS_DIR_ENV, fold_stacks, sweep_shm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TAG = "LMCACHE_PBT_CLEANUP_TAG"
+TAG = settings.CLEANUP_TAG.name
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
@@ -121,7 +122,7 @@ def test_an_interrupted_suite_leaves_nothing_behind(tmp_path, how):
     tmpdir.mkdir()
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    env = dict(os.environ, **{TAG: tag, "TMPDIR": str(tmpdir), "LMCACHE_PBT_REPRO_DIR": str(tmp_path / "repros"),
+    env = dict(os.environ, **{TAG: tag, "TMPDIR": str(tmpdir), settings.REPRO_DIR.name: str(tmp_path / "repros"),
                               STACKS_DIR_ENV: str(stacks)})
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_XDIST_TESTRUNUID", None)

@@ -6,13 +6,13 @@ and a filler engine that pushes L1 past its eviction watermark.
 """
 
 import functools
-import os
 import time
 
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from fixtures import settings as pbt
 from fixtures.case.server import ServerOptions
 from fixtures.machines.programs import program_text
 from fixtures.machines.stateful import (
@@ -29,7 +29,7 @@ from fixtures.properties import budget
 from fixtures.selfchecks import shrink_program
 
 #: steps per program; examples per run come from the profile (budget)
-STEPS = int(os.environ.get("LMCACHE_PBT_STATEFUL_STEPS", "14"))
+STEPS = pbt.STATEFUL_STEPS.get()
 
 
 @pytest.mark.stateful
@@ -66,7 +66,7 @@ def test_histories_never_overstate_and_never_lose(harness, kv_device):
 
 
 
-SEARCH_EXAMPLES = int(os.environ.get("LMCACHE_PBT_STATEFUL_SELFCHECK_EXAMPLES", "30"))
+SEARCH_EXAMPLES = pbt.STATEFUL_SELFCHECK_EXAMPLES.get()
 STATEFUL_FAULTS = [
     # fault, the check that must catch it, the bound on the shrunk program (steps; prompts and
     # the engines' start not counted)

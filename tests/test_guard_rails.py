@@ -1,0 +1,66 @@
+"""Guard rails on the suite's own code: one home for its environment variables, and docs
+generated from it that stay true. (Lint runs in .ci/run: `ruff check`.)"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from fixtures import ROOT, settings
+
+#: the suite's own sources (not the environments, models, repros or matrix builds)
+SOURCES = [p for d in ("fixtures", "strategies", "tests", "ci", "fuzz") for p in (ROOT / d).rglob("*.py")]
+SOURCES += [ROOT / "conftest.py"]
+SHELL = [*(ROOT / "ci").glob("*.sh"), ROOT / ".ci" / "run"]
+PREFIX = "LMCACHE_PBT_"
+
+
+def _reads_environ(node: ast.AST) -> str | None:
+    """The LMCACHE_PBT_* name `node` reads from the environment directly, if it does."""
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        f = ast.unparse(node.func)
+        if f in ("os.environ.get", "os.getenv", "_os.environ.get", "environ.get", "getenv"):
+            name = node.args[0].value
+            return name if isinstance(name, str) and name.startswith(PREFIX) else None
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and ast.unparse(node.value).endswith(
+            "environ") and isinstance(node.slice, ast.Constant):
+        name = node.slice.value
+        return name if isinstance(name, str) and name.startswith(PREFIX) else None
+    return None
+
+
+def test_only_the_settings_module_reads_the_suites_environment_variables():
+    direct = []
+    for path in SOURCES:
+        if path == ROOT / "fixtures" / "settings.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = _reads_environ(node)
+            if name:
+                direct.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {name}")
+    assert not direct, "read these through fixtures.settings:\n" + "\n".join(direct)
+
+
+def test_every_variable_named_anywhere_is_declared():
+    declared = {v.name for v in settings.ALL}
+    named = {}
+    for path in [*SOURCES, *SHELL, ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
+        for m in re.finditer(PREFIX + r"[A-Z0-9_]+", path.read_text()):
+            named.setdefault(m.group(0).rstrip("_"), str(path.relative_to(ROOT)))
+    unknown = {n: where for n, where in named.items() if n not in declared}
+    assert not unknown, f"declare these in fixtures/settings.py: {unknown}"
+
+
+def test_the_settings_page_is_generated_from_the_settings_module():
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert page == settings.markdown(), "regenerate it: python -m fixtures.settings > docs/settings.md"
+
+
+def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(settings.MAX_ENGINES.name, "two")
+    try:
+        settings.MAX_ENGINES.get()
+    except SystemExit as e:
+        assert str(e).startswith("LMCACHE_PBT_MAX_ENGINES='two': not a valid int")
+    else:
+        raise AssertionError("a bad value was accepted")
