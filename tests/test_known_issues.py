@@ -17,7 +17,14 @@ from fixtures.case.server import ServerOptions
 from fixtures.case.workload import PromptSpec, StoreSpec, Workload
 from fixtures.compat import capabilities as caps
 from fixtures.compat import refusals
-from fixtures.compat.known_issues import installed_lmcache, known_issue
+from fixtures.compat.known_issues import (
+    ABORT_BEFORE_LOOKUP_LOCK_LEAK,
+    L1_READ_OVERCOUNT,
+    NULL_BLOCK_WRITE,
+    UP_TO,
+    installed_lmcache,
+    known_issue,
+)
 from fixtures.drivers.engine import Engine
 from fixtures.drivers.polling import poll_until
 from fixtures.drivers.vllm_model import resolved_block_size
@@ -28,16 +35,13 @@ from fixtures.oracle import invariants, verdicts
 #: measured with ci/matrix.sh and fixtures.compat.bisect, docs/running.md "Version matrix";
 #: the runs: docs/measurements.md; every finding: docs/findings.md). Findings
 #: not yet measured on other builds stay at the build they were found on.
-#: 0.5.7rc2 (the whole-suite matrix run of 2026-12-07, docs/next-release.md): every finding in
-#: this file fails there as an ordinary property with the same exception type and the same
-#: assertion message (the test's own wording of the finding, e.g. "the server never answered a
-#: RETRIEVE with end=32 for a 16-token request"), so each range now ends at 0.5.7rc2.
-UP_TO = "<=0.5.7rc2"
+#: Every finding in this file fails on 0.5.7rc2 as an ordinary property with the same exception
+#: type and assertion message, so each range ends there (UP_TO, fixtures.compat.known_issues).
 KNOWN_ON = f">=0.5.6,{UP_TO}"
 #: the same assertion fails on every build the matrix ran (0.5.0 on) as on 0.5.6
 SINCE_0_5_0 = f">=0.5.0,{UP_TO}"
 #: bisect: passes on 0.5.0, 0.5.1, 0.5.2; fails on 0.5.3 and 0.5.6 (first failing build 0.5.3)
-SINCE_0_5_3 = f">=0.5.3,{UP_TO}"
+SINCE_0_5_3 = L1_READ_OVERCOUNT
 #: whole-suite matrix runs (0.5.1-0.5.4 on 2026-12-05): the same assertion and message on
 #: 0.5.1-0.5.5 as on 0.5.6 (0.5.0 has no --separate-object-groups: skipped there)
 SINCE_0_5_1 = f">=0.5.1,{UP_TO}"
@@ -214,7 +218,7 @@ NULL_BLOCK_CASES = {
 
 @pytest.mark.connector
 @pytest.mark.parametrize("case_id", list(NULL_BLOCK_CASES))
-@known_issue(KNOWN_ON, raises=AssertionError, reason="LMCache 0.5.6 retrieves chunks of a group vLLM does not "
+@known_issue(NULL_BLOCK_WRITE, raises=AssertionError, reason="LMCache 0.5.6 retrieves chunks of a group vLLM does not "
                                                               "hold for the request into vLLM's null block 0 (block id "
                                                               "0 in the block table): sliding-window out-of-window "
                                                               "chunks without --separate-object-groups or with a window "
@@ -395,7 +399,7 @@ def test_a_failed_load_does_not_crash_vllms_scheduler(harness, family):
 
 
 @pytest.mark.connector
-@known_issue(SINCE_0_5_5, raises=AssertionError, reason="LMCache 0.5.6: a request aborted before vLLM consumed its "
+@known_issue(ABORT_BEFORE_LOOKUP_LOCK_LEAK, raises=AssertionError, reason="LMCache 0.5.6: a request aborted before vLLM consumed its "
                                                               "lookup keeps the server's prefetch result and its read "
                                                               "locks until the read-lock TTL (300 s): request_finished "
                                                               "only drops the scheduler-side lookup future")
