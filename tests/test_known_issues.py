@@ -53,6 +53,59 @@ SINCE_0_5_5 = f">=0.5.5,{UP_TO}"
 TINY = KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4)
 
 
+class Finding(AssertionError):
+    """A pinned finding, seen. Each pin raises its own subclass (or its invariant's violation
+    type), never a bare AssertionError, so a set-up failure or another bug cannot count as the
+    finding: set-up conditions raise HarnessError (`_setup`), which fails a strict xfail."""
+
+
+class L1ReadOvercount(Finding):
+    pass
+
+
+class NeverAnswered(Finding):
+    """The server never answered a request."""
+
+
+class RestartNotRecovered(Finding):
+    pass
+
+
+class StoreDropped(Finding):
+    pass
+
+
+class NullBlockWritten(Finding):
+    pass
+
+
+class RegistrationRefused(Finding):
+    pass
+
+
+class SchedulerCrashed(Finding):
+    """vLLM's scheduler raised (an assert inside vLLM, after what LMCache reported)."""
+
+
+class LocksLeaked(Finding):
+    pass
+
+
+class BuiltinConnectorBroken(Finding):
+    pass
+
+
+def _setup(ok: bool, what: str) -> None:
+    """A precondition of the pinned case: its failure is an error of the case, not the finding."""
+    if not ok:
+        raise HarnessError(f"set-up: {what}")
+
+
+def _seen(finding: type[Finding], ok: bool, message: str) -> None:
+    if not ok:
+        raise finding(message)
+
+
 def _refusable(run, *a, **kw):
     """A finding about a layout: on a build that refuses the layout at registration, it cannot be
     seen there (one line; fixtures/compat/refusals.py)."""
@@ -63,20 +116,20 @@ def _refusable(run, *a, **kw):
         raise
 
 
-@known_issue(SINCE_0_5_3, raises=AssertionError, reason="LMCache 0.5.3-0.5.6 book read locks a lookup releases unused (another TP rank "
+@known_issue(SINCE_0_5_3, raises=L1ReadOvercount, reason="LMCache 0.5.3-0.5.6 book read locks a lookup releases unused (another TP rank "
                                        "lacks the chunk) as L1 reads: lmcache_mp_l1_read_chunks_total rises with "
                                        "nothing transferred")
 def test_l1_read_counter_counts_only_chunks_transferred(harness):
     w = Workload(ServerOptions(chunk_size=16), 2, "lmcache_driven", TINY,
                  (StoreSpec(PromptSpec(0, 16), ranks=(0,)),), PromptSpec(0, 16))
     obs = harness.run(w)
-    assert obs.hit == 0  # rank 1 never stored: no hit, no retrieve
-    assert obs.delta("lmcache_mp_l1_read_chunks_total") == 0, (
-        f"l1_read_chunks_total rose by {obs.delta('lmcache_mp_l1_read_chunks_total'):g} with nothing retrieved; "
-        f"{invariants.KNOWN_L1_READ_OVERCOUNT}")
+    _setup(obs.hit == 0, f"rank 1 never stored, yet the lookup hit {obs.hit}")
+    _seen(L1ReadOvercount, obs.delta("lmcache_mp_l1_read_chunks_total") == 0,
+          f"l1_read_chunks_total rose by {obs.delta('lmcache_mp_l1_read_chunks_total'):g} with nothing retrieved; "
+          f"{invariants.KNOWN_L1_READ_OVERCOUNT}")
 
 
-@known_issue(SINCE_0_5_5, raises=AssertionError, reason="LMCache 0.5.6: a RETRIEVE whose end exceeds the request's tokens raises "
+@known_issue(SINCE_0_5_5, raises=NeverAnswered, reason="LMCache 0.5.6: a RETRIEVE whose end exceeds the request's tokens raises "
                                        "ValueError (session.get_hashes) inside the blocking handler and the server "
                                        "never replies; the worker adapter waits forever (retrieve futures have no "
                                        "timeout)")
@@ -89,7 +142,7 @@ def test_retrieve_past_the_prompt_is_answered(harness):
         eng.prefill(toks, src)
         mark = srv.events.mark() if srv.events is not None else 0
         (rep,) = eng.store("known-s", toks, [(0, 16, src)], "known")
-        assert rep[0].ok
+        _setup(rep[0].ok, "the 16-token store failed")
         if srv.events is not None:
             # the chunk is committed to L1 (a build may report the store done first: 0.5.2, 0.5.3)
             srv.events.wait_for(mark, lambda es: any(e.type == "L1_WRITE_FINISHED"
@@ -100,12 +153,12 @@ def test_retrieve_past_the_prompt_is_answered(harness):
             raise HarnessError(f"set-up: the lookup right after a committed 16-token store hit {hit}")
         dst = eng.alloc(2)
         (r,) = eng.retrieve("known-q", toks, dst, 0, 32, "known", timeout=5.0)
-        assert r.finished, "the server never answered a RETRIEVE with end=32 for a 16-token request (5 s)"
+        _seen(NeverAnswered, r.finished, "the server never answered a RETRIEVE with end=32 for a 16-token request (5 s)")
     finally:
         eng.close()
 
 
-@known_issue(SINCE_0_5_0, raises=AssertionError, reason="LMCache 0.5.6: a worker adapter starts its heartbeat "
+@known_issue(SINCE_0_5_0, raises=RestartNotRecovered, reason="LMCache 0.5.6: a worker adapter starts its heartbeat "
                                                               "lazily on its first store/retrieve; one that has only "
                                                               "registered never notices a server restart, is never "
                                                               "re-registered, and every later store fails")
@@ -123,13 +176,13 @@ def test_a_restart_before_the_first_store_is_recovered(harness):
             (rep,) = eng.store(f"known-r{i}", toks, [(0, 16, src)], f"known-r{i}")
             ok.append(rep[0].ok)
             time.sleep(1.5)
-        assert ok[-1], f"stores after the restart: {ok} (never recovered)"
+        _seen(RestartNotRecovered, ok[-1], f"stores after the restart: {ok} (never recovered)")
     finally:
         eng.close()
         harness.release(ServerOptions(chunk_size=16, l2_fs=True, tag="known-restart"))
 
 
-@known_issue(SINCE_0_5_0, raises=AssertionError, reason="LMCache 0.5.6: a store that does not fit whole into "
+@known_issue(SINCE_0_5_0, raises=StoreDropped, reason="LMCache 0.5.6: a store that does not fit whole into "
                                                               "L1 is dropped (reported successful) and does not "
                                                               "trigger eviction; with L1 just under its watermark, "
                                                               "every store bigger than the free space is dropped")
@@ -149,10 +202,11 @@ def test_a_store_that_does_not_fit_makes_room(harness):
             eng.prefill(toks, blocks)
             m0 = srv.metrics()
             (rep,) = eng.store(f"known-f{i}", toks, [(0, n, blocks)], "known-full")
-            assert rep[0].ok
+            _setup(rep[0].ok, f"store {i} failed")
             time.sleep(2.5)  # two ticks of the eviction loop
             written.append(srv.metrics().delta(m0, "lmcache_mp_l1_write_chunks_total"))
-        assert written[2] > 0, f"chunks written per store: {written} (the third store was dropped, nothing evicted)"
+        _seen(StoreDropped, written[2] > 0,
+              f"chunks written per store: {written} (the third store was dropped, nothing evicted)")
     finally:
         eng.close()
         harness.release(opts)
@@ -180,7 +234,7 @@ def _tiny_gdn(ModelShape, **kw):
 
 
 @pytest.mark.connector
-@known_issue(SINCE_0_5_1, raises=AssertionError, reason="LMCache 0.5.6: a register_kv_cache the server rejects "
+@known_issue(SINCE_0_5_1, raises=NeverAnswered, reason="LMCache 0.5.6: a register_kv_cache the server rejects "
                                                               "(here: a sliding window shorter than the chunk and not "
                                                               "a multiple of the block) raises inside the blocking "
                                                               "handler; the server logs it and never replies, and the "
@@ -199,9 +253,9 @@ def test_a_rejected_registration_is_answered_with_its_reason(harness):
         eng = connector.ConnectorEngine(harness, srv, shape, tp=1, num_blocks=4 * 64 + 16, max_num_batched_tokens=256,
                                         max_model_len=2048, extra=(("lmcache.mp.mq_timeout", 5.0),))
     except HarnessError as e:
-        assert "did not respond" not in str(e), ("the server rejected the registration (its log: 'sub-chunk sliding "
+        _seen(NeverAnswered, "did not respond" not in str(e), ("the server rejected the registration (its log: 'sub-chunk sliding "
                                                  "window size 16 must be a multiple of tokens_per_block 32') but "
-                                                 "never answered; the connector timed out after 5 s")
+                                                 "never answered; the connector timed out after 5 s"))
     finally:
         if eng is not None:
             eng.close()
@@ -218,7 +272,7 @@ NULL_BLOCK_CASES = {
 
 @pytest.mark.connector
 @pytest.mark.parametrize("case_id", list(NULL_BLOCK_CASES))
-@known_issue(NULL_BLOCK_WRITE, raises=AssertionError, reason="LMCache 0.5.6 retrieves chunks of a group vLLM does not "
+@known_issue(NULL_BLOCK_WRITE, raises=NullBlockWritten, reason="LMCache 0.5.6 retrieves chunks of a group vLLM does not "
                                                               "hold for the request into vLLM's null block 0 (block id "
                                                               "0 in the block table): sliding-window out-of-window "
                                                               "chunks without --separate-object-groups or with a window "
@@ -238,11 +292,12 @@ def test_chunks_a_group_does_not_hold_skip_the_null_block(harness, case_id):
                                    first=PromptSpec(3, n), second=PromptSpec(3, n),
                                    max_num_batched_tokens=step)
     obs = _refusable(connector.run_case, harness, case)
-    assert obs.retrieve_ops, "request 2 was not served from LMCache"
+    _setup(bool(obs.retrieve_ops), "request 2 was not served from LMCache")
     others = [v for v in connector_invariants.check(obs) if "null block" not in str(v)]
-    assert not others, connector_invariants.report(obs, others)  # everything else holds: this is the only gap
+    if others:  # everything else must hold: another violation is another bug, not this finding
+        raise verdicts.violation_type(others[0].invariant)(connector_invariants.report(obs, others))
     written = sorted({g.kind for c in obs.checks for g in c.groups if 0 in g.changed_elems})
-    assert not written, f"the load wrote into vLLM's null block 0 for groups of kind {written}"
+    _seen(NullBlockWritten, not written, f"the load wrote into vLLM's null block 0 for groups of kind {written}")
 
 
 @pytest.mark.connector
@@ -288,7 +343,7 @@ def test_cpu_shm_migration_repoints_every_view(harness):
     try:
         obs = connector.run_case(harness, case, engine=eng)
         found = connector_invariants.check(obs, ("restored_bit_identical",))
-        assert obs.retrieve_ops, "request 2 was not served from LMCache"
+        _setup(bool(obs.retrieve_ops), "request 2 was not served from LMCache")
         if found:
             verdicts.fail(found, connector_invariants.report(obs, found))
     finally:
@@ -296,7 +351,7 @@ def test_cpu_shm_migration_repoints_every_view(harness):
 
 
 @pytest.mark.connector
-@known_issue(KNOWN_ON, raises=AssertionError, reason="LMCache 0.5.6's CPU SHM transfer path needs every KV "
+@known_issue(KNOWN_ON, raises=RegistrationRefused, reason="LMCache 0.5.6's CPU SHM transfer path needs every KV "
                                                               "view contiguous: a hybrid GDN model with more than one "
                                                               "KV head per rank fails registration with ValueError")
 def test_hybrid_gdn_with_two_kv_heads_per_rank_registers(harness):
@@ -315,7 +370,8 @@ def test_hybrid_gdn_with_two_kv_heads_per_rank_registers(harness):
         refusals.skip_if_refused(e, only=("mamba_one_block_steps", "kv_layout_unknown"))
         if isinstance(e, ValueError):
             raise
-        assert "ValueError" not in str(e), f"registration failed: {str(e).splitlines()[0][:300]}"
+        _seen(RegistrationRefused, "ValueError" not in str(e), f"registration failed: {str(e).splitlines()[0][:300]}")
+        raise
 
 
 @pytest.mark.connector
@@ -357,7 +413,7 @@ def test_a_store_copies_blocks_before_vllm_reuses_them(harness):
                      max_model_len=mml, wait_for_stores=False)
     try:
         obs = connector.run_case(harness, case, engine=eng)
-        assert obs.retrieve_ops, "request 2 was not served from LMCache"
+        _setup(bool(obs.retrieve_ops), "request 2 was not served from LMCache")
         bad = connector_invariants.check(obs, ("restored_bit_identical",))
         if bad:
             verdicts.fail(bad, connector_invariants.report(obs, bad))
@@ -368,7 +424,7 @@ def test_a_store_copies_blocks_before_vllm_reuses_them(harness):
 
 @pytest.mark.connector
 @pytest.mark.parametrize("family", ["llama", "qwen3_next"])
-@known_issue(KNOWN_ON, raises=AssertionError, reason="LMCache 0.5.6 + vLLM 0.33: after a failed LMCache load "
+@known_issue(KNOWN_ON, raises=SchedulerCrashed, reason="LMCache 0.5.6 + vLLM 0.33: after a failed LMCache load "
                                                               "(kv_load_failure_policy=fail) vLLM finishes the request "
                                                               "with an error; request_finished returns True (blocks "
                                                               "freed later), the worker still reports the request in "
@@ -395,11 +451,11 @@ def test_a_failed_load_does_not_crash_vllms_scheduler(harness, family):
         crashed = f"{frame.name} ({frame.filename.split('site-packages/')[-1]}:{frame.lineno}): {frame.line}"
     finally:
         harness.release(opts)  # the engine's scheduler is left mid-update: drop it with its server
-    assert crashed is None, f"vLLM's scheduler crashed after LMCache reported a failed load: {crashed}"
+    _seen(SchedulerCrashed, crashed is None, f"vLLM's scheduler crashed after LMCache reported a failed load: {crashed}")
 
 
 @pytest.mark.connector
-@known_issue(ABORT_BEFORE_LOOKUP_LOCK_LEAK, raises=AssertionError, reason="LMCache 0.5.6: a request aborted before vLLM consumed its "
+@known_issue(ABORT_BEFORE_LOOKUP_LOCK_LEAK, raises=LocksLeaked, reason="LMCache 0.5.6: a request aborted before vLLM consumed its "
                                                               "lookup keeps the server's prefetch result and its read "
                                                               "locks until the read-lock TTL (300 s): request_finished "
                                                               "only drops the scheduler-side lookup future")
@@ -438,8 +494,8 @@ def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
         srv = m.server  # (no MP_LOOKUP_PREFETCH_END shows for the aborted request: its result is never consumed)
         counts = poll_until(lambda: _lock_counts(srv), lambda c: c == (0, 0), timeout=5, first_delay=0.1,
                             max_delay=0.1)[1]
-        assert counts == (0, 0), (f"5 s after the aborted request ended (no request alive) the server's L1 holds "
-                                  f"{counts[0]} read-locked and {counts[1]} write-locked objects")
+        _seen(LocksLeaked, counts == (0, 0), (f"5 s after the aborted request ended (no request alive) the server's L1 holds "
+                                  f"{counts[0]} read-locked and {counts[1]} write-locked objects"))
     finally:
         harness.release(cfg.server())
 
@@ -468,7 +524,7 @@ print(json.dumps(out))
 """
 
 
-@known_issue(SINCE_0_5_0, vllm=BUILTIN_CONNECTOR_VLLM, raises=AssertionError,
+@known_issue(SINCE_0_5_0, vllm=BUILTIN_CONNECTOR_VLLM, raises=BuiltinConnectorBroken,
              reason="vLLM 0.33-0.34's builtin LMCacheMPConnectorUpstream (what LMCACHE_USE_UPSTREAM_MP=1 selects) "
                     "cannot be constructed against lmcache 0.5.x: its create_scheduler_adapter passes server_url= to "
                     "LMCacheMPSchedulerAdapter, which takes server_urls (and its wait_for_save reads "
@@ -501,11 +557,11 @@ def test_vllms_builtin_connector_is_constructed_against_this_lmcache(harness):
     err = out["error"]
     if err is not None and not err.startswith("TypeError"):
         raise HarnessError(f"vLLM's builtin connector failed for a reason this pin does not name: {err}")
-    assert err is None, f"vLLM's builtin connector does not construct: {err}"
+    _seen(BuiltinConnectorBroken, err is None, f"vLLM's builtin connector does not construct: {err}")
 
 
 @pytest.mark.connector
-@known_issue(SINCE_0_5_0, raises=AssertionError, reason="LMCache 0.5.6 + vLLM 0.33: a request aborted while its LMCache "
+@known_issue(SINCE_0_5_0, raises=SchedulerCrashed, reason="LMCache 0.5.6 + vLLM 0.33: a request aborted while its LMCache "
                                                      "load is in flight (WAITING_FOR_REMOTE_KVS) is freed and deleted "
                                                      "by vLLM on LMCache's 'sent' echo of the finished request, while "
                                                      "the load still runs (it writes into the freed blocks); when it "
@@ -562,4 +618,5 @@ def test_an_abort_during_a_load_does_not_crash_vllms_scheduler(harness):
             m.teardown()
         finally:
             harness.release(cfg.server())
-    assert crashed is None, f"vLLM's scheduler crashed after a request was aborted during its LMCache load: {crashed}"
+    _seen(SchedulerCrashed, crashed is None,
+          f"vLLM's scheduler crashed after a request was aborted during its LMCache load: {crashed}")
