@@ -1,11 +1,14 @@
 """The server's counters agree with what the engine side saw, delta by delta."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import example, given, settings
 
 from fixtures.case.layout import KVLayout
 from fixtures.case.server import ServerOptions
 from fixtures.case.workload import MODES, PromptSpec, StoreSpec, Workload
+from fixtures.errors import HarnessError
 from fixtures.oracle import invariants
 from fixtures.properties import budget, judge, observe, on
 from strategies import workloads
@@ -32,8 +35,17 @@ REPLAYS = 50
 
 
 def test_counters_verdict_does_not_depend_on_the_commit_race(harness):
-    """The same case, replayed: every run gets the same verdict (no violation), whichever way
-    the commit race between the two ranks went; prints how often it went each way."""
+    """Both ways the commit race can go, forced, get the same verdict (no violation): both ranks
+    committed before the lookup (settled), and only rank 0's chunk there (rank 1 never stores,
+    what an immediate lookup sees when it runs first). Then the racing case itself, replayed:
+    every run gets that verdict too; prints how often it went each way."""
+    both = harness.run(replace(COMMIT_RACE, settle="settled"))
+    first_only = harness.run(replace(COMMIT_RACE, stores=(StoreSpec(PromptSpec(0, 16), ranks=(0,)),)))
+    if (both.hit, first_only.hit) != (16, 0):
+        raise HarnessError(f"set-up: the forced orderings hit {both.hit} and {first_only.hit} tokens, not 16 and 0")
+    for obs in (both, first_only):
+        found = invariants.check(obs, ("counters", "hit_accounting"))
+        assert not found, invariants.report(obs, found)
     outcomes: dict[str, int] = {}
     for _ in range(REPLAYS):
         obs = harness.run(COMMIT_RACE)
