@@ -52,6 +52,8 @@ def pytest_addoption(parser):
                 help="events file of fixtures.drivers.server_tap loaded by that server (server-side byte figures)")
     g.addoption("--gpu-share", action="store_true", default=False,
                 help="let TP ranks share one GPU when fewer GPUs than ranks exist (tp4 on one GPU)")
+    g.addoption("--update-skip-manifest", action="store_true", default=False,
+                help="write this run's skips as the expected ones (ci/expected-skips.json; fixtures/skips.py)")
 
 
 def pytest_configure(config):
@@ -64,6 +66,10 @@ def pytest_configure(config):
         config._lmcache_pbt_run_dir = procs.make_run_dir()
     # SIGTERM (a cancelled CI job, `kill PID`) cleans up as Ctrl-C does; the controller passes it on
     procs.sigterm_like_ctrl_c(forward_to_workers=not hasattr(config, "workerinput"))
+    # every skip listed by reason and compared with ci/expected-skips.json (fixtures/skips.py)
+    from fixtures import skips
+
+    skips.register(config)
     # `kill -USR1 PID` prints where every thread of a pytest process stands (a stuck run's post-mortem)
     procs.dump_stacks_on_sigusr1()
     # LMCache's connector (scheduler side, in this process) makes its sockets on Context.instance()

@@ -38,7 +38,7 @@ from fixtures.machines.busy_connector import (
 from fixtures.machines.programs import program_text
 from fixtures.oracle import verdicts
 from fixtures.properties import budget
-from fixtures.selfchecks import shrink_program, skip_on_other_builds
+from fixtures.selfchecks import shrink_program, judge_on_other_builds
 
 pytest.importorskip("vllm", reason="vllm is not installed: run ci/setup.sh")
 pytestmark = [pytest.mark.connector, pytest.mark.stateful, pytest.mark.busy]
@@ -141,7 +141,7 @@ def supported(cfg: BusyConfig):
 
 def failure_without_the_fault(busy_machine, cfg: BusyConfig, steps) -> str | None:
     """What the fault's program fails with once the faults are taken out (None: it passes).
-    Where a self-check's fault went uncaught, this tells skip_on_other_builds whether the
+    Where a self-check's fault went uncaught, this tells judge_on_other_builds whether the
     build already breaks the property or the fault does not take effect there."""
     with supported(cfg):
         return fails(busy_machine(replace(cfg, scheduler_faults=(), server_faults=())), steps)
@@ -325,7 +325,7 @@ def test_busy_fault_program_is_caught(busy_machine, check):
     # the same program without the fault passes every check (the failure is the fault's)
     clean_why = failure_without_the_fault(busy_machine, cfg, steps)
     if why is None or not any(why.startswith(f"[{tag}]") for tag in check.tags) or clean_why is not None:
-        skip_on_other_builds(check.fault, clean_why)
+        judge_on_other_builds(check.fault, clean_why)
     assert why is not None, f"{check.fault}: its program passed every check"
     assert any(why.startswith(f"[{tag}]") for tag in check.tags), f"{check.fault}: caught by another check: {why}"
     assert clean_why is None, f"{check.fault}: the program fails without the fault too: {clean_why}"
@@ -359,7 +359,7 @@ def test_the_locks_situation_preempts_when_a_lookup_answers_late(busy_machine, m
     with supported(cfg), observe.recorded() as seen:
         why = fails(busy_machine(cfg), FAULT_PROGRAMS[check.id])
     if why is None:
-        skip_on_other_builds(check.fault, failure_without_the_fault(busy_machine, cfg, FAULT_PROGRAMS[check.id]))
+        judge_on_other_builds(check.fault, failure_without_the_fault(busy_machine, cfg, FAULT_PROGRAMS[check.id]))
     assert len(not_ready) == LATE, f"the lookup of {late} was asked only {len(not_ready)} times before it answered"
     assert PREEMPTED in seen, "nothing was preempted"
     assert why is not None and why.startswith("[locks]"), f"{check.fault}: not caught by [locks]: {why}"
@@ -391,7 +391,7 @@ def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
     with supported(cfg), observe.recorded() as seen:
         why, at = first_failure(Machine, SITUATIONS)
     if why is None:
-        skip_on_other_builds(check.fault, failure_without_the_fault(busy_machine, cfg, SITUATIONS))
+        judge_on_other_builds(check.fault, failure_without_the_fault(busy_machine, cfg, SITUATIONS))
     # (what the machine saw, so that a miss names its cause: the requests, the rules'
     # events, each idle check's verdict)
     runs = [line if n == 1 else f"{line} (x{n})" for line, n in ((k, len(list(g))) for k, g in groupby(seen))]
@@ -404,7 +404,7 @@ def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
     mine = [f for f in failing if f[0] in types]
     others = sorted({f[0].__name__ for f in failing} - {ty.__name__ for ty in types})
     if not mine:
-        skip_on_other_builds(check.fault, failure_without_the_fault(busy_machine, cfg, SITUATIONS))
+        judge_on_other_builds(check.fault, failure_without_the_fault(busy_machine, cfg, SITUATIONS))
     assert mine, f"{check.fault}: caught only by other checks: {others}: {failing[-1][2]}"
     _, minimal, why_min = mine[-1]
     text = program_text(minimal, cfg.chunk)

@@ -75,3 +75,20 @@ def test_every_tolerance_range_is_listed_with_its_builds():
     ranges = {n: getattr(K, n) for n in dir(K) if n.isupper() and n != "UP_TO" and isinstance(getattr(K, n), str)}
     missing = [f"{n} ({b})" for n, b in ranges.items() if f"| `{n}` | `{b}` |" not in page]
     assert ranges and not missing, f"list these in docs/findings.md (Where an oracle tolerates a known issue): {missing}"
+
+
+def test_a_skip_the_manifest_does_not_expect_fails_the_run():
+    """Skip accounting catches each way a skip can hide a check: a new skip, a skip for another
+    reason, and an expected skip that did not happen (only among the tests that ran)."""
+    from fixtures.skips import compare
+
+    expected = {"t::a": "needs CUDA", "t::b": "needs CUDA", "t::c": "refused"}
+    assert compare(expected, {"t::a": "needs CUDA", "t::b": "needs CUDA", "t::c": "refused"},
+                   {"t::a", "t::b", "t::c"}) == []
+    assert compare(expected, {"t::a": "needs CUDA"}, {"t::a"}) == []  # a selection: b and c did not run
+    lines = compare(expected, {"t::a": "needs CUDA", "t::c": "another reason", "t::d": "new"},
+                    {"t::a", "t::b", "t::c", "t::d"})
+    assert lines[0].startswith("skip manifest: FAILED")
+    assert any("unexpected skip: t::d: new" in ln for ln in lines)
+    assert any("t::c: another reason (expected reason: refused)" in ln for ln in lines)
+    assert any("expected skip did not happen: t::b" in ln for ln in lines)
