@@ -25,7 +25,7 @@ def test_server_counters_match_the_engine(harness, mode, kv_device, w):
     judge(obs, "counters")
 
 
-#: issue 15: TP2, `settle=immediate`: the lookup can run while one rank's chunk is committed
+#: TP2, `settle=immediate`: the lookup can run while one rank's chunk is committed
 #: on the server and the other's is not yet; the hit is then 0 and the lock taken on the
 #: committed chunk is released unused (booked as an L1 read by LMCache 0.5.6).
 COMMIT_RACE = Workload(ServerOptions(chunk_size=16), 2, "lmcache_driven", KVLayout(num_layers=1, kv_heads_per_rank=1,

@@ -107,7 +107,7 @@ class GdnStateNotRestored(Exception):
     state from private memory, not from the shm storage LMCache restores into."""
 
 
-# 0.5.7rc2 (2026-12-07 matrix runs, twice): the same GdnStateNotRestored, the same warm != cold
+# 0.5.7rc2 (the matrix): the same GdnStateNotRestored, the same warm != cold
 # at the same token (|d| 0.00792) with the GDN layers' state in private memory: the range ends there
 @known_issue(">=0.5.6,<=0.5.7rc2", raises=GdnStateNotRestored,
              reason="LMCache 0.5.6 (CPU): register_kv_caches migrates the KV storage into shm and re-points only "

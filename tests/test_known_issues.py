@@ -42,10 +42,9 @@ KNOWN_ON = f">=0.5.6,{UP_TO}"
 SINCE_0_5_0 = f">=0.5.0,{UP_TO}"
 #: bisect: passes on 0.5.0, 0.5.1, 0.5.2; fails on 0.5.3 and 0.5.6 (first failing build 0.5.3)
 SINCE_0_5_3 = L1_READ_OVERCOUNT
-#: whole-suite matrix runs (0.5.1-0.5.4 on 2026-12-05): the same assertion and message on
-#: 0.5.1-0.5.5 as on 0.5.6 (0.5.0 has no --separate-object-groups: skipped there)
+#: the matrix: the same assertion and message on 0.5.1-0.5.5 as on 0.5.6 (0.5.0 has no --separate-object-groups: skipped there)
 SINCE_0_5_1 = f">=0.5.1,{UP_TO}"
-#: the whole-suite matrix run (2026-12-04): the same assertion and message on 0.5.5 as on 0.5.6
+#: the matrix: the same assertion and message on 0.5.5 as on 0.5.6
 #: (abort before the lookup is consumed: 0.5.0 shows the leak as a [locks] violation, 0.5.1-0.5.4
 #: answer the lookup in its own step, so the situation cannot be made there)
 SINCE_0_5_5 = f">=0.5.5,{UP_TO}"

@@ -27,8 +27,8 @@ from fixtures.compat.known_issues import known_issue
 
 #: the builds each finding is known to hold on (fixtures.compat.known_issues; measured by ci/matrix.sh)
 FUZZ_KNOWN_ON: dict[str, str] = {}
-#: every finding here, unless FUZZ_KNOWN_ON says otherwise: found on 0.5.6; on 0.5.7rc2 (2026-12-07,
-#: ci/matrix.sh) each fails with the same type and the same finding name and message (the one-frame
+#: every finding here, unless FUZZ_KNOWN_ON says otherwise: found on 0.5.6; on 0.5.7rc2 (ci/matrix.sh)
+#: each fails with the same type and the same finding name and message (the one-frame
 #: and deep-frame requests: the same assert and the same uncaught RecursionError, moved into
 #: MessageQueueServer._handle_request), so the range was widened, not guessed
 FUZZ_DEFAULT_ON = ">=0.5.6,<=0.5.7rc2"
