@@ -415,8 +415,11 @@ def test_make_room_closes_only_what_the_running_test_has_not_used(monkeypatch):
     """Under memory pressure the pools close idle resources of earlier tests, least recently used
     first, and never one the running test holds (a real engine was OOM-killed at start while the
     other pools of both workers held ~20 GB of earlier tests' servers and caches)."""
+    import weakref
+
     from fixtures.drivers import pool as P
 
+    monkeypatch.setattr(P, "_pools", weakref.WeakSet())  # only this test's pools, not the worker's own
     closed = []
     a = P.LRUPool(4, close=closed.append)
     b = P.LRUPool(4, close=closed.append)
