@@ -30,7 +30,7 @@ _COMMON = dict(
 )
 settings.register_profile("dev", max_examples=10, **_COMMON)
 # LMCACHE_PBT_DB=DIR keeps failing examples in DIR under any profile (the GPU job keeps it as an artifact)
-_DB = DirectoryBasedExampleDatabase(pbt.DB.get()) if pbt.DB.get() else None
+_DB = DirectoryBasedExampleDatabase(pbt.DB.get()) if pbt.DB.is_set() else None
 settings.register_profile("ci", max_examples=10, derandomize=True, database=_DB, **_COMMON)
 settings.register_profile("smoke", max_examples=2, derandomize=True, database=_DB, **_COMMON)
 settings.register_profile("nightly", max_examples=200, **_COMMON)
