@@ -34,26 +34,49 @@ _DB = DirectoryBasedExampleDatabase(pbt.DB.get()) if pbt.DB.is_set() else None
 settings.register_profile("ci", max_examples=10, derandomize=True, database=_DB, **_COMMON)
 settings.register_profile("smoke", max_examples=2, derandomize=True, database=_DB, **_COMMON)
 settings.register_profile("nightly", max_examples=200, **_COMMON)
-settings.register_profile("selfcheck", max_examples=200, derandomize=True, database=None,
-                          phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,
-                          **_COMMON)
+settings.register_profile(
+    "selfcheck",
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    report_multiple_bugs=False,
+    **_COMMON,
+)
 DEFAULT_PROFILE = pbt.PROFILE.get("ci" if os.environ.get("CI") else "dev")
 settings.load_profile(DEFAULT_PROFILE)
 
 
 def pytest_addoption(parser):
     g = parser.getgroup("lmcache-pbt")
-    g.addoption("--lmcache-url", default=pbt.URL.get(),
-                help="run against an already running server (ZMQ URL, e.g. tcp://127.0.0.1:5555); "
-                     "tests that need restarts, faults or other server options skip")
-    g.addoption("--lmcache-http", default=pbt.HTTP.get(),
-                help="that server's HTTP URL (e.g. http://127.0.0.1:8080), for /metrics and /status")
-    g.addoption("--lmcache-tap", default=pbt.TAP.get(),
-                help="events file of fixtures.drivers.server_tap loaded by that server (server-side byte figures)")
-    g.addoption("--gpu-share", action="store_true", default=False,
-                help="let TP ranks share one GPU when fewer GPUs than ranks exist (tp4 on one GPU)")
-    g.addoption("--update-skip-manifest", action="store_true", default=False,
-                help="write this run's skips as the expected ones (ci/expected-skips.json; fixtures/skips.py)")
+    g.addoption(
+        "--lmcache-url",
+        default=pbt.URL.get(),
+        help="run against an already running server (ZMQ URL, e.g. tcp://127.0.0.1:5555); "
+        "tests that need restarts, faults or other server options skip",
+    )
+    g.addoption(
+        "--lmcache-http",
+        default=pbt.HTTP.get(),
+        help="that server's HTTP URL (e.g. http://127.0.0.1:8080), for /metrics and /status",
+    )
+    g.addoption(
+        "--lmcache-tap",
+        default=pbt.TAP.get(),
+        help="events file of fixtures.observation.server_tap loaded by that server (server-side byte figures)",
+    )
+    g.addoption(
+        "--gpu-share",
+        action="store_true",
+        default=False,
+        help="let TP ranks share one GPU when fewer GPUs than ranks exist (tp4 on one GPU)",
+    )
+    g.addoption(
+        "--update-skip-manifest",
+        action="store_true",
+        default=False,
+        help="write this run's skips as the expected ones (ci/expected-skips.json; fixtures/skips.py)",
+    )
 
 
 def pytest_configure(config):
@@ -160,11 +183,20 @@ def pytest_runtest_makereport(item, call):
             text = report.longreprtext or ""
             m = _BLOB.search(text)
             prof = item.config.getoption("hypothesis_profile", default=None) or DEFAULT_PROFILE
-            path = repro.write(payload, blob=m.group(1) if m else None, profile=prof,
-                               seed=item.config.getoption("hypothesis_seed", default=None))
+            path = repro.write(
+                payload,
+                blob=m.group(1) if m else None,
+                profile=prof,
+                seed=item.config.getoption("hypothesis_seed", default=None),
+            )
             rel = os.path.relpath(path)
-            report.sections.append(("lmcache-pbt repro", f"repro written: {rel}\nreplay: python -m fixtures.replay {rel}"
-                                    " [--lmcache-url tcp://HOST:PORT --lmcache-http http://HOST:PORT]"))
+            report.sections.append(
+                (
+                    "lmcache-pbt repro",
+                    f"repro written: {rel}\nreplay: python -m fixtures.replay {rel}"
+                    " [--lmcache-url tcp://HOST:PORT --lmcache-http http://HOST:PORT]",
+                )
+            )
     elif report.when == "call":
         repro.take(item.nodeid)
 
@@ -179,8 +211,10 @@ def pytest_generate_tests(metafunc):
 
     share = metafunc.config.getoption("--gpu-share")
     marks = {1: [pytest.mark.gpu], 4: [pytest.mark.gpu, pytest.mark.tp4]}
-    metafunc.parametrize("kv_device", [pytest.param(d.name, marks=marks.get(d.need_gpus, ()), id=d.test_id(share))
-                                       for d in KV_DEVICES.values()])
+    metafunc.parametrize(
+        "kv_device",
+        [pytest.param(d.name, marks=marks.get(d.need_gpus, ()), id=d.test_id(share)) for d in KV_DEVICES.values()],
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -193,5 +227,3 @@ def pytest_collection_modifyitems(config, items):
             reason = gpu_skip_reason(need, share=config.getoption("--gpu-share"))
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
-
-

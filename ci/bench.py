@@ -2,7 +2,7 @@
 
     .venv/bin/python ci/bench.py                 # everything, ~5-10 min on 2 cores
     .venv/bin/python ci/bench.py --examples 20 --only hit_accounting,long_prefix --faults none
-    .venv/bin/python ci/bench.py --json bench-results/bench.json
+    .venv/bin/python ci/bench.py --json docs/results/bench-$(date -u +%F).json   # a recorded result
     .venv/bin/python ci/bench.py --engine-only --examples 10   # the real-engine tier only
 
 Measured, not asserted: the table is for people (and the issue notes). Each
@@ -11,19 +11,26 @@ every run) against a warm server and warm rank processes; the first example of
 each property (engine registration) is excluded from the rate. Each fault runs
 its self-check (fixtures/selfchecks.py) and reports the seconds until the first
 failing example and until the shrunk case.
+
+With --json the file also records the run: its kind ("bench"), date (UTC), host (CPU model,
+core count), the exact command line, the installed lmcache/vllm/torch/hypothesis versions,
+the suite's git commit and the load average at its start and end. A file under docs/results/ is a recorded result:
+`ci/measurements.py` renders docs/measurements.md from them (docs/running.md, "Recording
+results").
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import measurements  # noqa: E402  (ci/measurements.py: what every recorded result carries)
 from fixtures.drivers import procs  # noqa: E402,F401  (telemetry off)
 
 
@@ -50,8 +57,14 @@ def bench_property(harness, name: str, examples: int) -> dict:
     prop = PROPERTIES[name]
     times: list[float] = []
 
-    @settings(max_examples=examples + 1, derandomize=True, database=None, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples + 1,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(w=prop.strategy())
     def run(w):
         t = time.monotonic()
@@ -110,17 +123,25 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
     out: dict = {"modes": []}
     try:
         # every engine the properties run: (name, options, strategy keywords)
-        engines = ([(f"dense {m}", o, {}) for m, o in sorted(DENSE.items())]
-                   + [(f"sliding {k}", o, {"min_len": WINDOW + 1}) for k, o in sorted(SLIDING.items())]
-                   + [("hybrid (state views re-pointed)", HYBRID, {"max_chunks": 3, "max_batch": 1})])
+        engines = (
+            [(f"dense {m}", o, {}) for m, o in sorted(DENSE.items())]
+            + [(f"sliding {k}", o, {"min_len": WINDOW + 1}) for k, o in sorted(SLIDING.items())]
+            + [("hybrid (state views re-pointed)", HYBRID, {"max_chunks": 3, "max_batch": 1})]
+        )
         for mode, opts, kw in engines:
             t = time.monotonic()
             eng = pool.get(opts)
             start = {"wall_s": round(time.monotonic() - t, 1), "llm_init_s": eng.info.get("start_s")}
             times: list[float] = []
 
-            @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-                      phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=examples,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
             @given(case=engine_cases((opts,), **kw))
             def run(case):
                 t1 = time.monotonic()
@@ -129,9 +150,15 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
                 assert not found, found
 
             run()
-            row = {"mode": mode, "engine_start_s": start["wall_s"], "llm_init_s": start["llm_init_s"],
-                   "examples": len(times), "examples_per_s": round(len(times) / sum(times), 2),
-                   "median_s": round(statistics.median(times), 2), "max_s": round(max(times), 2)}
+            row = {
+                "mode": mode,
+                "engine_start_s": start["wall_s"],
+                "llm_init_s": start["llm_init_s"],
+                "examples": len(times),
+                "examples_per_s": round(len(times) / sum(times), 2),
+                "median_s": round(statistics.median(times), 2),
+                "max_s": round(max(times), 2),
+            }
             out["modes"].append(row)
             print(table([row], list(row)), flush=True)
         if faults:
@@ -145,19 +172,34 @@ def bench_engine(harness, examples: int, faults: bool) -> dict:
                 try:
                     caught, failures, n, secs, first = search_for_failure(
                         engine_cases((opts,), max_chunks=4, max_batch=2),
-                        lambda case: check(run_engine_case(pool, case), sc.checks), max_examples=sc.max_examples)
+                        lambda case: check(run_engine_case(pool, case), sc.checks),
+                        max_examples=sc.max_examples,
+                    )
                 finally:
                     pool.release(opts)
                 minimal = failures[-1][0] if failures else None
-                frows.append({"fault": sc.fault, "checks": "+".join(sc.checks), "caught": caught,
-                              "first_failure_s": round(first, 1) if first else None, "shrunk_s": round(secs, 1),
-                              "runs": n, "within_bound": bool(minimal is not None and sc.small(minimal)),
-                              "shrunk_to": minimal.describe() if minimal else None})
-                print(f"{sc.id}: first failure {frows[-1]['first_failure_s']} s (engine + server start included), "
-                      f"shrunk {frows[-1]['shrunk_s']} s, wall {time.monotonic() - t:.0f} s", flush=True)
+                frows.append(
+                    {
+                        "fault": sc.fault,
+                        "checks": "+".join(sc.checks),
+                        "caught": caught,
+                        "first_failure_s": round(first, 1) if first else None,
+                        "shrunk_s": round(secs, 1),
+                        "runs": n,
+                        "within_bound": bool(minimal is not None and sc.small(minimal)),
+                        "shrunk_to": minimal.describe() if minimal else None,
+                    }
+                )
+                print(
+                    f"{sc.id}: first failure {frows[-1]['first_failure_s']} s (engine + server start included), "
+                    f"shrunk {frows[-1]['shrunk_s']} s, wall {time.monotonic() - t:.0f} s",
+                    flush=True,
+                )
             out["faults"] = frows
-            print("\nengine self-checks\n" + table(frows, ["fault", "checks", "caught", "first_failure_s", "shrunk_s",
-                                                          "runs", "within_bound"]))
+            print(
+                "\nengine self-checks\n"
+                + table(frows, ["fault", "checks", "caught", "first_failure_s", "shrunk_s", "runs", "within_bound"])
+            )
     finally:
         pool.close()
     return out
@@ -182,8 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", action="store_true", help="also bench the real-engine tier (.venv-engine)")
     ap.add_argument("--engine-only", action="store_true", help="only the real-engine tier")
     a = ap.parse_args(argv)
+    started = time.monotonic()
+    meta = {
+        "kind": "bench",
+        "date": measurements.utc_now(),
+        "host": measurements.host(),
+        "command": measurements.command_line(None if argv is None else [sys.argv[0], *argv]),
+        "versions": measurements.versions(),
+        "suite": measurements.revision(),
+        "args": vars(a),
+        "load_avg": {"start": round(os.getloadavg()[0], 2)},
+    }
 
-    from fixtures.drivers.engine import RankPool
+    from fixtures.drivers.rank_group import RankPool
     from fixtures.drivers.harness import Harness
     from fixtures.drivers.server import ServerPool
     from fixtures.properties import PROPERTIES
@@ -196,14 +249,19 @@ def main(argv: list[str] | None = None) -> int:
             results["engine"] = bench_engine(harness, a.examples, a.faults != "none")
         finally:
             harness.close()
-        _write_json(a.json, results)
+        _write_json(a.json, meta, results, started)
         return 0
     starts = bench_server_start(a.server_starts) if a.server_starts else []
     if starts:
-        results["server_start_s"] = {"n": len(starts), "median": round(statistics.median(starts), 2),
-                                     "max": round(max(starts), 2)}
-        print(f"server start (to /healthcheck + tap ready): median {statistics.median(starts):.2f} s, "
-              f"max {max(starts):.2f} s over {len(starts)} starts\n")
+        results["server_start_s"] = {
+            "n": len(starts),
+            "median": round(statistics.median(starts), 2),
+            "max": round(max(starts), 2),
+        }
+        print(
+            f"server start (to /healthcheck + tap ready): median {statistics.median(starts):.2f} s, "
+            f"max {max(starts):.2f} s over {len(starts)} starts\n"
+        )
 
     harness = Harness(ServerPool(max_running=4), RankPool())
     try:
@@ -221,29 +279,36 @@ def main(argv: list[str] | None = None) -> int:
         print("\nproperties\n" + table(rows, ["property", "examples", "examples_per_s", "median_s", "max_s", "wall_s"]))
 
         if a.faults != "none":
-            checks = SELF_CHECKS if a.faults == "all" else [c for c in SELF_CHECKS if c.id in a.faults.split(",")
-                                                            or c.fault in a.faults.split(",")]
+            checks = (
+                SELF_CHECKS
+                if a.faults == "all"
+                else [c for c in SELF_CHECKS if c.id in a.faults.split(",") or c.fault in a.faults.split(",")]
+            )
             frows = []
             for c in checks:
                 frows.append(bench_fault(harness, c))
-                print(f"{c.id}: first failure {frows[-1]['first_failure_s']} s, shrunk {frows[-1]['shrunk_s']} s",
-                      flush=True)
+                print(
+                    f"{c.id}: first failure {frows[-1]['first_failure_s']} s, shrunk {frows[-1]['shrunk_s']} s",
+                    flush=True,
+                )
             results["faults"] = frows
-            print("\ntime to first failure under each injected fault (includes the fault server's start)\n"
-                  + table(frows, ["fault", "property", "caught", "first_failure_s", "shrunk_s", "runs", "within_bound"]))
+            print(
+                "\ntime to first failure under each injected fault (includes the fault server's start)\n"
+                + table(frows, ["fault", "property", "caught", "first_failure_s", "shrunk_s", "runs", "within_bound"])
+            )
         if a.engine:
             results["engine"] = bench_engine(harness, a.examples, a.faults != "none")
     finally:
         harness.close()
-    _write_json(a.json, results)
+    _write_json(a.json, meta, results, started)
     return 0
 
 
-def _write_json(path: str | None, results: dict) -> None:
+def _write_json(path: str | None, meta: dict, results: dict, started: float) -> None:
     if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
+        meta["load_avg"]["end"] = round(os.getloadavg()[0], 2)
+        meta["duration_s"] = round(time.monotonic() - started, 1)
+        print(f"bench: wrote {measurements.write(path, {**meta, **results})}")
 
 
 if __name__ == "__main__":

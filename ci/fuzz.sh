@@ -4,7 +4,7 @@
 #   ci/fuzz.sh [SECONDS] [TARGET ...]       SECONDS per target (default: $FUZZ_SECONDS, else 60)
 #   targets: chunk_hash key_codec server_requests (default: all)
 #
-# Per target: fuzz/corpus/<target> seeds (read only) and fuzz/dicts/<target>.dict;
+# Per target: tests/fuzz/corpus/<target> seeds (read only) and tests/fuzz/dicts/<target>.dict;
 # new inputs go to fuzz-out/<target>/corpus, crashes to fuzz-out/<target>/crash-*,
 # the libFuzzer log to fuzz-out/<target>/fuzz.log. server_requests runs against
 # one `lmcache server` started here (python -m fixtures.drivers.server), stopped on exit
@@ -27,7 +27,7 @@ die() { echo "ci/fuzz.sh: $*" >&2; exit 2; }
 [[ "$SECONDS_PER" =~ ^[0-9]+$ ]] && [ "$SECONDS_PER" -gt 0 ] || die "SECONDS must be a positive integer, got '$SECONDS_PER'"
 "$PY" -c "import atheris" 2>/dev/null || die "atheris is not installed: run ci/setup.sh"
 for t in "${TARGETS[@]}"; do
-  [ -f "tests/fuzz/$t.py" ] && [ -d "fuzz/corpus/$t" ] || die "unknown target '$t' (have: $(ls fuzz/corpus | tr '\n' ' '))"
+  [ -f "tests/fuzz/$t.py" ] && [ -d "tests/fuzz/corpus/$t" ] || die "unknown target '$t' (have: $(ls tests/fuzz/corpus | tr '\n' ' '))"
 done
 
 # ---------------------------------------------------------------------------
@@ -128,8 +128,8 @@ run_target() {
   # shellcheck disable=SC2086  # FUZZ_ARGS is a list of flags
   timeout --signal=TERM --kill-after=30 $((SECONDS_PER + SLACK)) \
     "$PY" "tests/fuzz/$t.py" -max_total_time="$SECONDS_PER" -timeout=60 -rss_limit_mb=4096 \
-      -artifact_prefix="$dir/" -dict="fuzz/dicts/$t.dict" -print_final_stats=1 ${FUZZ_ARGS:-} \
-      "$dir/corpus" "fuzz/corpus/$t" > "$dir/fuzz.log" 2>&1 &
+      -artifact_prefix="$dir/" -dict="tests/fuzz/dicts/$t.dict" -print_final_stats=1 ${FUZZ_ARGS:-} \
+      "$dir/corpus" "tests/fuzz/corpus/$t" > "$dir/fuzz.log" 2>&1 &
   FUZZER=$!
   wait "$FUZZER"
   rc=$?

@@ -1,12 +1,12 @@
 """Print the pinned requirements of one install step, read from pyproject.toml.
 
-    python ci/pins.py torch        -> torch==2.13.0
-    python ci/pins.py main         -> every [project].dependencies pin except torch
-    python ci/pins.py no-deps      -> [tool.lmcache-pbt].no-deps
-    python ci/pins.py engine-torch -> the engine environment's torch pin
-    python ci/pins.py engine       -> the rest of [tool.lmcache-pbt].engine
-    python ci/pins.py engine-remove-> what ci/setup.sh uninstalls from the engine environment
-    python ci/pins.py EXTRA ...    -> the pins of [project.optional-dependencies].EXTRA
+python ci/pins.py torch        -> torch==2.13.0
+python ci/pins.py main         -> every [project].dependencies pin except torch
+python ci/pins.py no-deps      -> [tool.lmcache-pbt].no-deps
+python ci/pins.py engine-torch -> the engine environment's torch pin
+python ci/pins.py engine       -> the rest of [tool.lmcache-pbt].engine
+python ci/pins.py engine-remove-> what ci/setup.sh uninstalls from the engine environment
+python ci/pins.py EXTRA ...    -> the pins of [project.optional-dependencies].EXTRA
 """
 
 import pathlib

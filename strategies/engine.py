@@ -30,8 +30,15 @@ def lengths(chunk: int, max_chunks: int, min_len: int = 2) -> st.SearchStrategy[
 
 
 @st.composite
-def engine_cases(draw, engines: tuple[EngineOptions, ...], *, max_chunks: int = 4, max_batch: int = 3,
-                 steps: bool = True, min_len: int = 2) -> EngineCase:
+def engine_cases(
+    draw,
+    engines: tuple[EngineOptions, ...],
+    *,
+    max_chunks: int = 4,
+    max_batch: int = 3,
+    steps: bool = True,
+    min_len: int = 2,
+) -> EngineCase:
     """min_len: the first prompt's least length (the sliding-window property: longer than the window)."""
     eng = draw(st.sampled_from(engines))
     c = eng.chunk
@@ -57,11 +64,14 @@ def engine_cases(draw, engines: tuple[EngineOptions, ...], *, max_chunks: int = 
         else:
             k = draw(st.integers(0, max(0, n0 // c)))
             tail = draw(st.integers(1, c + 1))
-            prompts.append(tuple(base[:k * c]) + tuple(rng.randrange(*VOCAB) for _ in range(tail)))
+            prompts.append(tuple(base[: k * c]) + tuple(rng.randrange(*VOCAB) for _ in range(tail)))
             about.append(f"first {k} chunks of #0 + {tail} new")
     step = None
     if steps:
-        step = draw(st.one_of(st.none(), st.sampled_from((c, 2 * c)),
-                              st.sampled_from((block, c + block, c + 1, 3 * c // 2 + 1))))
+        step = draw(
+            st.one_of(
+                st.none(), st.sampled_from((c, 2 * c)), st.sampled_from((block, c + block, c + 1, 3 * c // 2 + 1))
+            )
+        )
     settle = draw(st.sampled_from(("settled", "immediate")))
     return EngineCase(eng, tuple(prompts), step=step, settle=settle, max_tokens=4, about=tuple(about))

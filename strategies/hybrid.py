@@ -15,12 +15,13 @@ that the server never answers a registration it rejects for this).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from hypothesis import strategies as st
 
 from fixtures.case.connector import ConnectorCase
 from fixtures.case.model import ModelShape
 from fixtures.case.workload import PromptSpec
-from fixtures.drivers.vllm_model import resolved_block_size
 
 FAMILIES = ("llama", "gemma3_text", "qwen3_next")
 
@@ -43,7 +44,9 @@ def model_shapes(draw, families: tuple[str, ...] = FAMILIES, tps: tuple[int, ...
         tp = draw(st.sampled_from([t for t in tps if t in (1, 2)] or [1]))
         n = draw(st.integers(2, 4))
         return ModelShape(
-            family, n, _kinds(draw, n, "gdn", "full"),
+            family,
+            n,
+            _kinds(draw, n, "gdn", "full"),
             num_kv_heads=tp,  # one KV head per rank (see module doc)
             head_dim=16,
             linear_key_heads=draw(st.sampled_from([1, 2])),
@@ -60,24 +63,42 @@ def model_shapes(draw, families: tuple[str, ...] = FAMILIES, tps: tuple[int, ...
         n = draw(st.integers(1, 3))
         return ModelShape(family, n, ("full",) * n, num_kv_heads=heads, head_dim=head_dim, block_size=block), tp
     n = draw(st.integers(2, 4))
-    return ModelShape(family, n, _kinds(draw, n, "sliding", "full"), num_kv_heads=heads, head_dim=head_dim,
-                      block_size=block, sliding_window=draw(st.sampled_from([block, 2 * block, 3 * block, 100]))), tp
+    return ModelShape(
+        family,
+        n,
+        _kinds(draw, n, "sliding", "full"),
+        num_kv_heads=heads,
+        head_dim=head_dim,
+        block_size=block,
+        sliding_window=draw(st.sampled_from([block, 2 * block, 3 * block, 100])),
+    ), tp
 
 
 SECOND = ("same", "one_less", "one_more", "extended", "prefix", "flipped")
 
 
 @st.composite
-def connector_cases(draw, families: tuple[str, ...] = FAMILIES, tps: tuple[int, ...] = (1, 2, 4),
-                    min_chunks: int = 0, max_chunks: int = 24, chunk_multiples: tuple[int, ...] = (1, 3),
-                    resets: tuple[bool, ...] = (True, True, False), faults: tuple[str, ...] = (),
-                    device: str = "cpu", connector: str = "lmcache"):
-    """One run of the report's flow on one model: request 1 of n chunks (+0/-1/+1 or
+def connector_cases(
+    draw,
+    block_size_of: Callable[[ModelShape], int],
+    families: tuple[str, ...] = FAMILIES,
+    tps: tuple[int, ...] = (1, 2, 4),
+    min_chunks: int = 0,
+    max_chunks: int = 24,
+    chunk_multiples: tuple[int, ...] = (1, 3),
+    resets: tuple[bool, ...] = (True, True, False),
+    faults: tuple[str, ...] = (),
+    device: str = "cpu",
+    connector: str = "lmcache",
+):
+    """One run of the report's flow on one model (`block_size_of`: vLLM's scheduler block size for
+    a shape, fixtures.drivers.vllm_model.resolved_block_size, passed in so that no strategy builds
+    a vLLM config itself): request 1 of n chunks (+0/-1/+1 or
     any tail), then request 2 = the same prompt, one token less or more, extended by a
     chunk, a prefix of it, or it with one token changed in chunk k."""
     shape, tp = draw(model_shapes(families, tps))
     mult = draw(st.sampled_from(chunk_multiples))
-    chunk = resolved_block_size(shape) * mult
+    chunk = block_size_of(shape) * mult
     n = draw(st.integers(min_chunks, max_chunks))
     tail = draw(st.one_of(st.sampled_from([0, -1, 1]), st.integers(0, chunk - 1)))
     length = max(1, n * chunk + tail)

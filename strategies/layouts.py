@@ -16,15 +16,18 @@ def kv_layouts(*, chunk_size: int | None = None, max_bytes_per_token: int = 2048
     always divides `chunk_size` (LMCache requires it); head_dim is capped so a
     token stays under `max_bytes_per_token` per rank.
     """
-    blocks = [b for b in (16, 8, 32) if chunk_size is None or chunk_size % b == 0] or [chunk_size]
+    blocks = [b for b in (16, 8, 32) if chunk_size is None or chunk_size % b == 0] or [chunk_size or 16]
 
     @st.composite
     def build(draw):
         layers = draw(st.integers(1, 4))
         heads = draw(st.sampled_from([1, 2, 4, 8]))
         dtype = draw(st.sampled_from(DTYPES))
-        dims = [d for d in (4, 8, 16, 64, 128)
-                if 2 * layers * heads * d * KVLayout(dtype=dtype).itemsize <= max_bytes_per_token]
+        dims = [
+            d
+            for d in (4, 8, 16, 64, 128)
+            if 2 * layers * heads * d * KVLayout(dtype=dtype).itemsize <= max_bytes_per_token
+        ]
         return KVLayout(
             num_layers=layers,
             kv_heads_per_rank=heads,
@@ -38,7 +41,7 @@ def kv_layouts(*, chunk_size: int | None = None, max_bytes_per_token: int = 2048
 
 def tiny_layouts(*, chunk_size: int | None = None) -> st.SearchStrategy[KVLayout]:
     """Small layouts for 100+ chunk prompts: a few bytes per token keep 125k tokens cheap."""
-    blocks = [b for b in (16, 8) if chunk_size is None or chunk_size % b == 0] or [chunk_size]
+    blocks = [b for b in (16, 8) if chunk_size is None or chunk_size % b == 0] or [chunk_size or 16]
     return st.builds(
         KVLayout,
         num_layers=st.integers(1, 2),

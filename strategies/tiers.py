@@ -24,8 +24,9 @@ def tier_cases(draw, *, server=TIER_SERVER, tps=(1, 2), modes=MODES, max_chunks:
     # the stored prompt itself, a prefix, extended, one token changed in chunk k (exact chunk
     # multiples and +/-1 come from the prefix / extended kinds)
     query = draw(query_for((base,), c, max_chunks + 2, kinds=tuple(k for k in QUERY_KINDS if k != "fresh")))
-    return TierCase(tp, draw(st.sampled_from(modes)), draw(kv_layouts(chunk_size=c)), stored, in_l1, query,
-                    server=server)
+    return TierCase(
+        tp, draw(st.sampled_from(modes)), draw(kv_layouts(chunk_size=c)), stored, in_l1, query, server=server
+    )
 
 
 @st.composite
@@ -33,5 +34,10 @@ def hold_cases(draw, *, server=HOLD_SERVER, tps=(1, 2), modes=MODES, max_chunks:
     c = server.chunk_size
     n = draw(st.integers(1, max_chunks))
     length = n * c + draw(st.sampled_from([0, 1, c - 1]))
-    return HoldCase(draw(st.sampled_from(tps)), draw(st.sampled_from(modes)), draw(kv_layouts(chunk_size=c)),
-                    PromptSpec(0, length), server=server)
+    return HoldCase(
+        draw(st.sampled_from(tps)),
+        draw(st.sampled_from(modes)),
+        draw(kv_layouts(chunk_size=c)),
+        PromptSpec(0, length),
+        server=server,
+    )

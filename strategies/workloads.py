@@ -60,8 +60,14 @@ def _offset_in_chunk(chunk: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def store_specs(draw, chunk: int, max_chunks: int, tp: int, missing_ranks: tuple[int, ...] | None,
-                seed: st.SearchStrategy[int] = st.integers(0, 2)) -> StoreSpec:
+def store_specs(
+    draw,
+    chunk: int,
+    max_chunks: int,
+    tp: int,
+    missing_ranks: tuple[int, ...] | None,
+    seed: st.SearchStrategy[int] = st.integers(0, 2),
+) -> StoreSpec:
     length = draw(prompt_lengths(chunk, max_chunks))
     flips: tuple[int, ...] = ()
     if length > chunk and draw(st.integers(0, 3)) == 3:  # a divergent tail inside the family
@@ -77,8 +83,9 @@ QUERY_KINDS = ("stored", "prefix", "extended", "flipped", "fresh")
 
 
 @st.composite
-def query_for(draw, stores: tuple[StoreSpec, ...], chunk: int, max_chunks: int,
-              kinds: tuple[str, ...] = QUERY_KINDS) -> PromptSpec:
+def query_for(
+    draw, stores: tuple[StoreSpec, ...], chunk: int, max_chunks: int, kinds: tuple[str, ...] = QUERY_KINDS
+) -> PromptSpec:
     """A lookup prompt related to a stored one: itself, a prefix of it, it extended,
     it with one token flipped in chunk k, or a prompt nobody stored."""
     kind = draw(st.sampled_from(kinds))
@@ -126,11 +133,11 @@ def workloads(
     max_chunks = max(1, min(160, max_tokens // c, byte_cap // c))
     mode = draw(st.sampled_from(modes))
     n = draw(st.integers(1, max_stores))
-    stores = []
+    drawn = []
     for i in range(n):
         # Only one store of a workload loses ranks, so "missing" stays readable.
-        stores.append(draw(store_specs(c, max_chunks, tp, missing if i == 0 else None)))
-    stores = tuple(stores)
+        drawn.append(draw(store_specs(c, max_chunks, tp, missing if i == 0 else None)))
+    stores = tuple(drawn)
     query = draw(query_for(stores, c, max_chunks, query_kinds))
     return Workload(
         server=replace(server, chunk_size=c),
@@ -154,9 +161,17 @@ def reserve_last_tokens() -> st.SearchStrategy[bool]:
 
 
 @st.composite
-def long_prefix_workloads(draw, *, chunk: int = 784, min_chunks: int = 100, max_chunks: int = 160,
-                          tps: tuple[int, ...] = (1, 2), modes: tuple[str, ...] = ("lmcache_driven",),
-                          server: ServerOptions = ServerOptions(), device: str = "cpu") -> Workload:
+def long_prefix_workloads(
+    draw,
+    *,
+    chunk: int = 784,
+    min_chunks: int = 100,
+    max_chunks: int = 160,
+    tps: tuple[int, ...] = (1, 2),
+    modes: tuple[str, ...] = ("lmcache_driven",),
+    server: ServerOptions = ServerOptions(),
+    device: str = "cpu",
+) -> Workload:
     """The bug report's shape: one prompt of 100..160 chunks of 784 tokens, stored
     (in chunked-prefill steps or at once), settled, then looked up again: exactly,
     one token short, one token long, or extended by a chunk."""

@@ -14,17 +14,17 @@ from fixtures import settings
 
 @pytest.fixture(scope="session")
 def harness(request):
-    from fixtures.drivers.engine import RankPool
+    from fixtures.drivers.rank_group import RankPool
     from fixtures.drivers.harness import Harness
     from fixtures.drivers.server import ExternalServer, ServerPool
 
     cfg = request.config
     external = None
     if cfg.getoption("--lmcache-url"):
-        external = ExternalServer(cfg.getoption("--lmcache-url"), cfg.getoption("--lmcache-http"),
-                                  cfg.getoption("--lmcache-tap"))
-    h = Harness(ServerPool(external=external, max_running=settings.MAX_SERVERS.get()),
-                RankPool(size=4))
+        external = ExternalServer(
+            cfg.getoption("--lmcache-url"), cfg.getoption("--lmcache-http"), cfg.getoption("--lmcache-tap")
+        )
+    h = Harness(ServerPool(external=external, max_running=settings.MAX_SERVERS.get()), RankPool(size=4))
     try:
         yield h
     finally:

@@ -20,8 +20,14 @@ TINY = KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4)
 def stored_then_looked_up(chunks: int, *, flips: tuple[int, ...] = (), chunk: int = 16) -> Workload:
     """TP1: one prompt of `chunks` chunks stored, then looked up (with `flips` changed)."""
     n = chunks * chunk
-    return Workload(ServerOptions(chunk_size=chunk), 1, "lmcache_driven", TINY,
-                    (StoreSpec(PromptSpec(0, n)),), PromptSpec(0, n, flips))
+    return Workload(
+        ServerOptions(chunk_size=chunk),
+        1,
+        "lmcache_driven",
+        TINY,
+        (StoreSpec(PromptSpec(0, n)),),
+        PromptSpec(0, n, flips),
+    )
 
 
 #: inflate_hit (hit_accounting, hit_transferred), retrieve_overrun (bit_identity),
@@ -40,11 +46,22 @@ def bracket(chunks: int) -> Workload:
     """The report's bracket (114 good, 128 broken): `chunks` x 784 tokens, stored in
     chunked-prefill steps of 16 chunks, looked up exactly, TP2 (TP4 on cuda-tp4)."""
     n = chunks * 784
-    return Workload(ServerOptions(chunk_size=784), 2, "lmcache_driven",
-                    KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=8, dtype="bf16", block_size=16),
-                    (StoreSpec(PromptSpec(0, n), steps=tuple(range(16, chunks, 16))),), PromptSpec(0, n))
+    return Workload(
+        ServerOptions(chunk_size=784),
+        2,
+        "lmcache_driven",
+        KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=8, dtype="bf16", block_size=16),
+        (StoreSpec(PromptSpec(0, n), steps=tuple(range(16, chunks, 16))),),
+        PromptSpec(0, n),
+    )
 
 
 #: skip_retrieve_after:114 (long_prefix) shrinks to exactly 115 chunks at TP1
-LONG_115_TP1 = Workload(ServerOptions(chunk_size=784), 1, "lmcache_driven", bracket(115).layout,
-                        (StoreSpec(PromptSpec(0, 115 * 784)),), PromptSpec(0, 115 * 784))
+LONG_115_TP1 = Workload(
+    ServerOptions(chunk_size=784),
+    1,
+    "lmcache_driven",
+    bracket(115).layout,
+    (StoreSpec(PromptSpec(0, 115 * 784)),),
+    PromptSpec(0, 115 * 784),
+)

@@ -55,20 +55,46 @@ LAYOUTS = {
     # dense attention, TP 1/2/4; LMCache chunk = 2 blocks of 16
     # (mamba_cache_mode "none": LMCache 0.5.6 applies its Mamba step-alignment bound,
     # max_num_batched_tokens >= block, to any model whose cache config says "align")
-    "dense": BusyConfig(ModelShape("llama", 2, ("full", "full"), num_kv_heads=4, head_dim=16, block_size=16,
-                                   mamba_cache_mode="none"),
-                        tps=(1, 2, 4), chunk_multiple=2),
+    "dense": BusyConfig(
+        ModelShape("llama", 2, ("full", "full"), num_kv_heads=4, head_dim=16, block_size=16, mamba_cache_mode="none"),
+        tps=(1, 2, 4),
+        chunk_multiple=2,
+    ),
     # sliding window (2 blocks) + full attention, separate object groups
-    "sliding": BusyConfig(ModelShape("gemma3_text", 2, ("sliding", "full"), num_kv_heads=2, head_dim=16,
-                                     block_size=16, sliding_window=32, mamba_cache_mode="none"),
-                          tps=(1, 2), chunk_multiple=2, separate_object_groups=True),
+    "sliding": BusyConfig(
+        ModelShape(
+            "gemma3_text",
+            2,
+            ("sliding", "full"),
+            num_kv_heads=2,
+            head_dim=16,
+            block_size=16,
+            sliding_window=32,
+            mamba_cache_mode="none",
+        ),
+        tps=(1, 2),
+        chunk_multiple=2,
+        separate_object_groups=True,
+    ),
     # hybrid GDN + full attention (vLLM's page alignment picks the block), one KV head per rank
     # at TP1 and TP2 (LMCache 0.5.6's CPU SHM path needs contiguous views: tests/test_known_issues.py).
     # Not TP4: the alignment makes the block size depend on the per-rank state page, so a TP4
     # engine would need another LMCache chunk than the layout's server has.
-    "hybrid-gdn": BusyConfig(ModelShape("qwen3_next", 4, ("gdn", "gdn", "gdn", "full"), num_kv_heads=1,
-                                        linear_key_heads=4, linear_value_heads=8, mamba_cache_mode="align"),
-                             tps=(1, 2), chunk_multiple=1, separate_object_groups=True, max_chunks=3),
+    "hybrid-gdn": BusyConfig(
+        ModelShape(
+            "qwen3_next",
+            4,
+            ("gdn", "gdn", "gdn", "full"),
+            num_kv_heads=1,
+            linear_key_heads=4,
+            linear_value_heads=8,
+            mamba_cache_mode="align",
+        ),
+        tps=(1, 2),
+        chunk_multiple=1,
+        separate_object_groups=True,
+        max_chunks=3,
+    ),
 }
 #: the dense layout on vLLM's builtin LMCacheMPConnectorUpstream (the connector axis; it has no
 #: hybrid KV cache manager, so dense only): skips in one line where it cannot be constructed
@@ -78,27 +104,27 @@ LAYOUTS["dense-vllm_builtin"] = replace(LAYOUTS["dense"], connector="vllm_builti
 def tour(cfg: BusyConfig) -> list[tuple[str, dict]]:
     """A fixed program that fires every rule where each has something to act on."""
     c = cfg.chunk
-    p = PromptSpec(0, 3 * c)            # exactly 3 chunks
-    q = PromptSpec(0, 3 * c + 1)        # the same family, one token more
-    r = PromptSpec(1, 2 * c - 1)        # another family, one token short of 2 chunks
+    p = PromptSpec(0, 3 * c)  # exactly 3 chunks
+    q = PromptSpec(0, 3 * c + 1)  # the same family, one token more
+    r = PromptSpec(1, 2 * c - 1)  # another family, one token short of 2 chunks
     s = PromptSpec(0, 2 * c + 5, (c + 3,))  # shares chunk 0 with p, diverges in chunk 1
     return [
         ("start", {"tp": cfg.tps[-1], "budget": c + 1}),
         ("add_request", dict(p=p, tenant="t0", max_tokens=1)),
-        ("step", dict(wait_ms=0, n=3)),           # lookup not ready, then prefill steps
+        ("step", dict(wait_ms=0, n=3)),  # lookup not ready, then prefill steps
         ("add_request", dict(p=q, tenant="t0", max_tokens=3)),
         ("add_request", dict(p=r, tenant="t1", max_tokens=3)),
-        ("step", dict(wait_ms=50, n=3)),          # two requests share the budget
+        ("step", dict(wait_ms=50, n=3)),  # two requests share the budget
         ("preempt_all", {}),
         ("step", dict(wait_ms=5, n=2)),
         ("add_request", dict(p=s, tenant="t0", max_tokens=1)),
         ("abort", dict(i=0)),
         ("drain", {}),
         ("reset_prefix_cache", {}),
-        ("add_request", dict(p=q, tenant="t0", max_tokens=1)),   # served from LMCache
-        ("add_request", dict(p=p, tenant="t1", max_tokens=1)),   # another tenant: a miss
+        ("add_request", dict(p=q, tenant="t0", max_tokens=1)),  # served from LMCache
+        ("add_request", dict(p=p, tenant="t1", max_tokens=1)),  # another tenant: a miss
         ("drain", {}),
-        ("start_second_engine", {}),                             # another model name, same server
+        ("start_second_engine", {}),  # another model name, same server
         ("add_request", dict(p=q, tenant="t0", max_tokens=3, engine="B")),  # A stored q: B must miss
         ("drain", {}),
         ("reset_prefix_cache", {}),
@@ -106,7 +132,7 @@ def tour(cfg: BusyConfig) -> list[tuple[str, dict]]:
         ("drain", {}),
         ("restart_server", {}),
         ("reset_prefix_cache", {}),
-        ("add_request", dict(p=q, tenant="t0", max_tokens=1)),   # from L2 after the restart
+        ("add_request", dict(p=q, tenant="t0", max_tokens=1)),  # from L2 after the restart
         ("add_request", dict(p=q, tenant="t0", max_tokens=3, engine="B")),  # B's, from L2 too
         ("drain", {}),
     ]
@@ -172,15 +198,18 @@ def test_busy_restart_waits_only_where_the_workers_can_notice(busy_machine):
 
 
 def _restart_program(Machine):
-    run_program(Machine, [
-        ("start", {"tp": 1, "budget": 32}),
-        ("start_second_engine", {}),
-        ("add_request", dict(p=PromptSpec(0, 61, (19,)), tenant="t0", max_tokens=3, engine="B")),
-        ("preempt_all", {}),
-        ("preempt_all", {}),
-        ("restart_server", {}),
-        ("drain", {}),
-    ])
+    run_program(
+        Machine,
+        [
+            ("start", {"tp": 1, "budget": 32}),
+            ("start_second_engine", {}),
+            ("add_request", dict(p=PromptSpec(0, 61, (19,)), tenant="t0", max_tokens=3, engine="B")),
+            ("preempt_all", {}),
+            ("preempt_all", {}),
+            ("restart_server", {}),
+            ("drain", {}),
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -192,13 +221,17 @@ def test_busy_engine_histories(busy_machine, layout):
     rec = Recorder()
     t0 = time.monotonic()
     with supported(cfg):
-        run_state_machine_as_test(busy_machine(cfg, rec), settings=settings(
-            settings.default, max_examples=PROGRAMS, stateful_step_count=STEPS, deadline=None))
+        run_state_machine_as_test(
+            busy_machine(cfg, rec),
+            settings=settings(settings.default, max_examples=PROGRAMS, stateful_step_count=STEPS, deadline=None),
+        )
     secs = time.monotonic() - t0
     counts = ", ".join(f"{r}={rec.fired.get(r, 0)}" for r in RULES)
-    print(f"\nbusy {layout}: rules fired over {PROGRAMS} programs of up to {STEPS} steps: {counts}\n"
-          f"{rec.steps} engine steps in {secs:.0f} s: {rec.steps / secs:.2f} steps/s, "
-          f"{sum(rec.fired.values()) / secs:.2f} rules/s (every check after every step included)")
+    print(
+        f"\nbusy {layout}: rules fired over {PROGRAMS} programs of up to {STEPS} steps: {counts}\n"
+        f"{rec.steps} engine steps in {secs:.0f} s: {rec.steps / secs:.2f} steps/s, "
+        f"{sum(rec.fired.values()) / secs:.2f} rules/s (every check after every step included)"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -370,9 +403,16 @@ def test_the_locks_situation_preempts_when_a_lookup_answers_late(busy_machine, m
 #: The overrun's comes first: later, with more of the pool in use, its extra chunk can fall
 #: past the last KV block, the load fails, and a failed load crashes vLLM's scheduler
 #: (known LMCache 0.5.6 behaviour) before any check sees the overrun.
-SITUATIONS = [("start", {"tp": 1, "budget": 200})] + [s for f in ("retrieve_overrun->computed+freed", "stored_watermark_twice->stores",
-                                                                 "preempted_lookup_locks_kept->locks")
-                                                       for s in FAULT_PROGRAMS[f] if s[0] != "start"]
+SITUATIONS = [("start", {"tp": 1, "budget": 200})] + [
+    s
+    for f in (
+        "retrieve_overrun->computed+freed",
+        "stored_watermark_twice->stores",
+        "preempted_lookup_locks_kept->locks",
+    )
+    for s in FAULT_PROGRAMS[f]
+    if s[0] != "start"
+]
 SEARCH_EXAMPLES = pbt.BUSY_SELFCHECK_EXAMPLES.get()
 
 
@@ -395,9 +435,13 @@ def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
     # (what the machine saw, so that a miss names its cause: the requests, the rules'
     # events, each idle check's verdict)
     runs = [line if n == 1 else f"{line} (x{n})" for line, n in ((k, len(list(g))) for k, g in groupby(seen))]
-    assert why is not None, (f"{check.fault} was NOT caught on the situations program; the machine saw, last 30:\n  "
-                             + "\n  ".join(runs[-30:]))
-    failing = shrink_program(lambda steps: run_program(Machine, [start] + steps), program[:at], examples=SEARCH_EXAMPLES)
+    assert why is not None, (
+        f"{check.fault} was NOT caught on the situations program; the machine saw, last 30:\n  "
+        + "\n  ".join(runs[-30:])
+    )
+    failing = shrink_program(
+        lambda steps: run_program(Machine, [start] + steps), program[:at], examples=SEARCH_EXAMPLES
+    )
     secs = time.monotonic() - t0
     assert failing, f"{check.fault}: caught on the situations, but no subsequence failed in {SEARCH_EXAMPLES} examples"
     types = {verdicts.violation_type(tag) for tag in check.tags}
@@ -408,7 +452,9 @@ def test_busy_fault_is_caught_and_shrunk(busy_machine, check):
     assert mine, f"{check.fault}: caught only by other checks: {others}: {failing[-1][2]}"
     _, minimal, why_min = mine[-1]
     text = program_text(minimal, cfg.chunk)
-    print(f"\n{check.fault}: caught on the situations ({why})\n  shrunk by Hypothesis in {secs:.0f} s, "
-          f"{len(failing)} failing replays, to {len(minimal)} steps:\n  {text}\n  -> {why_min}"
-          + (f"\n  (also seen while shrinking: {', '.join(others)})" if others else ""))
+    print(
+        f"\n{check.fault}: caught on the situations ({why})\n  shrunk by Hypothesis in {secs:.0f} s, "
+        f"{len(failing)} failing replays, to {len(minimal)} steps:\n  {text}\n  -> {why_min}"
+        + (f"\n  (also seen while shrinking: {', '.join(others)})" if others else "")
+    )
     assert len(minimal) <= check.max_steps, f"{check.fault}: shrank only to {len(minimal)} steps: {text}"

@@ -107,11 +107,19 @@ def _post_mortem(run: subprocess.Popen, tag: str, stacks, seen: dict[int, str]) 
     poll_until(lambda: _tagged(tag), lambda ps: not ps, timeout=30, first_delay=0.1, max_delay=0.5)
     for pid in seen:
         sweep_shm(pid)
-    dumps = [f"--- {f.name} ---\n{fold_stacks(f.read_text(errors='replace'))[:4000]}" for f in sorted(stacks.iterdir())
-             if f.stat().st_size]
-    return (f"the interrupted run had not ended {STOP_WITHIN} s after the stop; alive then:\n" + "\n".join(alive)
-            + "\n\nits output (tail):\n" + out.decode(errors="replace")[-3000:]
-            + "\n\nits pytest processes' stacks:\n" + "\n".join(dumps))
+    dumps = [
+        f"--- {f.name} ---\n{fold_stacks(f.read_text(errors='replace'))[:4000]}"
+        for f in sorted(stacks.iterdir())
+        if f.stat().st_size
+    ]
+    return (
+        f"the interrupted run had not ended {STOP_WITHIN} s after the stop; alive then:\n"
+        + "\n".join(alive)
+        + "\n\nits output (tail):\n"
+        + out.decode(errors="replace")[-3000:]
+        + "\n\nits pytest processes' stacks:\n"
+        + "\n".join(dumps)
+    )
 
 
 @pytest.mark.slow
@@ -122,14 +130,40 @@ def test_an_interrupted_suite_leaves_nothing_behind(tmp_path, how):
     tmpdir.mkdir()
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    env = dict(os.environ, **{TAG: tag, "TMPDIR": str(tmpdir), settings.REPRO_DIR.name: str(tmp_path / "repros"),
-                              STACKS_DIR_ENV: str(stacks)})
+    env = dict(
+        os.environ,
+        **{
+            TAG: tag,
+            "TMPDIR": str(tmpdir),
+            settings.REPRO_DIR.name: str(tmp_path / "repros"),
+            STACKS_DIR_ENV: str(stacks),
+        },
+    )
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_XDIST_TESTRUNUID", None)
-    argv = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "--hypothesis-profile=nightly",
-            "tests/test_hits.py::test_hit_is_exactly_the_stored_prefix", "-k", "cpu"]
-    run = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           start_new_session=True, preexec_fn=_signals_as_in_a_terminal)
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-n",
+        "2",
+        "-p",
+        "no:cacheprovider",
+        "--hypothesis-profile=nightly",
+        "tests/test_hits.py::test_hit_is_exactly_the_stored_prefix",
+        "-k",
+        "cpu",
+    ]
+    run = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_signals_as_in_a_terminal,
+    )
     seen: dict[int, str] = {}
     ports: set[int] = set()
 
@@ -147,7 +181,9 @@ def test_an_interrupted_suite_leaves_nothing_behind(tmp_path, how):
 
     try:
         up, _ = poll_until(busy, timeout=240, first_delay=0.2, max_delay=0.5)
-        assert run.poll() is None, "the nested run ended before it could be interrupted:\n" + run.stdout.read().decode()[-3000:]
+        assert run.poll() is None, (
+            "the nested run ended before it could be interrupted:\n" + run.stdout.read().decode()[-3000:]
+        )
         assert up, f"the nested run did not bring up two servers and their ranks in 240 s (saw {sorted(seen.values())})"
         time.sleep(2)  # mid-example
         STOPS[how](run)
@@ -163,21 +199,31 @@ def test_an_interrupted_suite_leaves_nothing_behind(tmp_path, how):
             run.wait()
     text = out.decode(errors="replace")
     assert "KeyboardInterrupt" in text or run.returncode in (2, -signal.SIGINT), (
-        f"the nested run was not interrupted (exit {run.returncode}):\n{text[-3000:]}")
+        f"the nested run was not interrupted (exit {run.returncode}):\n{text[-3000:]}"
+    )
 
     # children leave through PR_SET_PDEATHSIG / atexit reaping: allow them a moment
     gone, left = poll_until(lambda: _tagged(tag), lambda ps: not ps, timeout=30, first_delay=0.1, max_delay=0.5)
     assert gone, "processes of the interrupted run are still alive: " + "; ".join(
-        f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left)
+        f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in left
+    )
     # a segment names its creator's pid between non-digits (lmcache_kv_<pid>_<n>): a bare substring
     # match would take another run's lmcache_kv_31961_0 for pid 3196's (seen under a loaded run)
-    shm = [f for f in glob.glob("/dev/shm/*")
-           if any(re.search(rf"(?<!\d){pid}(?!\d)", os.path.basename(f)) for pid in seen)]
+    shm = [
+        f
+        for f in glob.glob("/dev/shm/*")
+        if any(re.search(rf"(?<!\d){pid}(?!\d)", os.path.basename(f)) for pid in seen)
+    ]
     assert not shm, f"shared-memory segments of the interrupted run remain: {sorted(set(shm))[:10]}"
     leftovers = [e.name for e in tmpdir.iterdir() if not e.name.startswith("pytest-of-")]
     assert not leftovers, f"temp dirs of the interrupted run remain in its TMPDIR: {leftovers}"
-    still = {c.laddr.port for c in psutil.net_connections(kind="tcp")
-             if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}
+    still = {
+        c.laddr.port
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port in ports
+    }
     assert not still, f"ports of the interrupted run still listening: {sorted(still)}"
-    print(f"\n{how}, a running `pytest -n 2`: stopped in {took:.1f} s; {len(seen)} processes "
-          f"({len(ports)} listening ports) all gone, no /dev/shm segment, no temp dir left")
+    print(
+        f"\n{how}, a running `pytest -n 2`: stopped in {took:.1f} s; {len(seen)} processes "
+        f"({len(ports)} listening ports) all gone, no /dev/shm segment, no temp dir left"
+    )

@@ -21,38 +21,46 @@ def test_probe_reports_the_installed_build():
         assert f"{name} " in header
     # every capability the harness asks for was probed: present, or missing with the probe's own
     # reason (why() of a capability nobody probed says "unknown capability")
-    unprobed = [cap for cap in (*capabilities.SERVER_FLAGS, *capabilities.PATHS, *capabilities.ARGS,
-                                *capabilities.HTTP)
-                if not c.has(cap) and not c.has(capabilities.HTTP_OLD.get(cap, ""))  # an old route's successor
-                and (cap not in c.missing or not c.missing[cap].strip())]
+    unprobed = [
+        cap
+        for cap in (*capabilities.SERVER_FLAGS, *capabilities.PATHS, *capabilities.ARGS, *capabilities.HTTP)
+        if not c.has(cap)
+        and not c.has(capabilities.HTTP_OLD.get(cap, ""))  # an old route's successor
+        and (cap not in c.missing or not c.missing[cap].strip())
+    ]
     assert not unprobed, f"never probed, or missing without a reason: {unprobed}"
 
 
 def test_a_missing_capability_skips_in_one_line():
-    c = capabilities.Capabilities(versions={"lmcache": "0.5.0"}, lmcache_path="", have=frozenset({"server_cli"}),
-                                  missing={"server_module": "`lmcache server` has no --server-module flag"})
+    c = capabilities.Capabilities(
+        versions={"lmcache": "0.5.0"},
+        lmcache_path="",
+        have=frozenset({"server_cli"}),
+        missing={"server_module": "`lmcache server` has no --server-module flag"},
+    )
     reason = c.skip_reason("server_module")
-    assert reason == ("needs capability server_module: `lmcache server` has no --server-module flag "
-                      "(lmcache 0.5.0)")
+    assert reason == ("needs capability server_module: `lmcache server` has no --server-module flag (lmcache 0.5.0)")
     assert "\n" not in reason and c.skip_reason("server_cli") is None
 
 
-@pytest.mark.parametrize("version, builds, expected", [
-    ("0.5.6", "==0.5.6", True),
-    ("0.5.6+local", "==0.5.6", True),
-    ("0.5.6.dev7", "==0.5.6", False),
-    ("0.5.6.dev7", ">=0.5.5,<0.5.7", True),
-    ("0.5.5", "==0.5.6", False),
-    ("0.5.7", ">=0.5.1,<=0.5.6", False),
-    ("0.5.1", ">=0.5.1,<=0.5.6", True),
-])
+@pytest.mark.parametrize(
+    "version, builds, expected",
+    [
+        ("0.5.6", "==0.5.6", True),
+        ("0.5.6+local", "==0.5.6", True),
+        ("0.5.6.dev7", "==0.5.6", False),
+        ("0.5.6.dev7", ">=0.5.5,<0.5.7", True),
+        ("0.5.5", "==0.5.6", False),
+        ("0.5.7", ">=0.5.1,<=0.5.6", False),
+        ("0.5.1", ">=0.5.1,<=0.5.6", True),
+    ],
+)
 def test_known_issue_ranges_are_compared_with_packaging(version, builds, expected):
     assert known_issues.holds_on(builds, Version(version)) is expected
 
 
 def test_any_lmcache_from_0_5_0_passes_preflight(monkeypatch):
-    for have, ok in (("0.5.0", True), ("0.5.3", True), ("0.5.6.dev7", True), ("0.6.0+local", True),
-                     ("0.4.9", False)):
+    for have, ok in (("0.5.0", True), ("0.5.3", True), ("0.5.6.dev7", True), ("0.6.0+local", True), ("0.4.9", False)):
         monkeypatch.setattr(preflight, "installed", lambda name, have=have: have if name == "lmcache" else "x")
         assert (preflight.problems(("lmcache",)) == []) is ok, have
 
@@ -74,17 +82,22 @@ workload:
 
 def test_matrix_fails_on_a_harness_error_only(tmp_path, capsys):
     """--fail-on-error: an `error` cell (or a run with no junit) is exit 1; verdicts are not."""
+
     def junit(name: str, body: str) -> str:
         path = tmp_path / f"lmcache-{name}.xml"
         path.write_text(f'<testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
         return str(path)
 
-    verdicts = junit("0.5.5", '<testcase classname="tests.test_hits" name="a"/>'
-                              '<testcase classname="tests.test_hits" name="b"><failure message="[hit_accounting] x"/>'
-                              '</testcase><testcase classname="tests.test_hits" name="c">'
-                              '<skipped type="pytest.xfail" message="known"/></testcase>')
-    harness = junit("0.5.7rc2", '<testcase classname="tests.test_hits" name="a"><error message="HarnessError: y"/>'
-                                '</testcase>')
+    verdicts = junit(
+        "0.5.5",
+        '<testcase classname="tests.test_hits" name="a"/>'
+        '<testcase classname="tests.test_hits" name="b"><failure message="[hit_accounting] x"/>'
+        '</testcase><testcase classname="tests.test_hits" name="c">'
+        '<skipped type="pytest.xfail" message="known"/></testcase>',
+    )
+    harness = junit(
+        "0.5.7rc2", '<testcase classname="tests.test_hits" name="a"><error message="HarnessError: y"/></testcase>'
+    )
     assert matrix.main(["--table", verdicts, "--fail-on-error"]) == 0
     assert matrix.main(["--table", verdicts, harness]) == 0
     doc = tmp_path / "m.md"
@@ -126,8 +139,11 @@ def _lmcache_touches() -> dict[tuple[str, str], set[str]]:
                 pairs = [(n.module, a.name) for a in n.names]
             elif isinstance(n, ast.Import):
                 pairs = [(a.name, "") for a in n.names if a.name.split(".")[0] == "lmcache"]
-            elif (isinstance(n, ast.Constant) and isinstance(n.value, str)
-                  and re.fullmatch(r"lmcache(\.\w+)+(:[\w.]+)?", n.value)):
+            elif (
+                isinstance(n, ast.Constant)
+                and isinstance(n.value, str)
+                and re.fullmatch(r"lmcache(\.\w+)+(:[\w.]+)?", n.value)
+            ):
                 mod, _, sym = n.value.partition(":")
                 pairs = [(mod, sym)]
             for p in pairs:
@@ -143,8 +159,11 @@ def test_the_internals_inventory_is_complete():
     touches = _lmcache_touches()
     assert len(touches) > 50  # the scan reads the suite (it found 80-odd when written)
     listed, keys = internals.listed(), internals.config_keys()
-    unlisted = {f"{m}:{s}" if s else m: sorted(files) for (m, s), files in touches.items()
-                if f"{m}.{s}".rstrip(".") not in keys and not internals.covers(m, s, listed)}
+    unlisted = {
+        f"{m}:{s}" if s else m: sorted(files)
+        for (m, s), files in touches.items()
+        if f"{m}.{s}".rstrip(".") not in keys and not internals.covers(m, s, listed)
+    }
     assert not unlisted, f"LMCache internals touched but not in fixtures.compat.internals.INTERNALS: {unlisted}"
 
 

@@ -49,21 +49,40 @@ class ConnectorSelfCheck:
         return faults.REGISTRY[self.fault].where in ("server", "both")
 
     def strategy(self):
+        from fixtures.drivers.vllm_model import resolved_block_size
         from strategies.hybrid import connector_cases
 
-        return connector_cases(families=(self.family,), tps=(1, 2), max_chunks=8,
-                               faults=(self.fault,) if self.server_side else ())
+        return connector_cases(
+            resolved_block_size,
+            families=(self.family,),
+            tps=(1, 2),
+            max_chunks=8,
+            faults=(self.fault,) if self.server_side else (),
+        )
 
     def small(self, case, chunk: int) -> bool:
-        return (case.tp == 1 and case.shape.num_layers <= 2
-                and max(case.first.length, case.second.length) <= self.max_chunks_shrunk * chunk + 1)
+        return (
+            case.tp == 1
+            and case.shape.num_layers <= 2
+            and max(case.first.length, case.second.length) <= self.max_chunks_shrunk * chunk + 1
+        )
 
 
 CHECKS = [
-    ConnectorSelfCheck("connector_tells_one_less", "told_equals_restored", "llama",
-                       "TP1, a 1-2 layer llama, prompts of at most 2 chunks (+1 token)", 2),
-    ConnectorSelfCheck("recurrent_state_from_previous_chunk", "restored_bit_identical", "qwen3_next",
-                       "TP1, 2 layers (GDN + full), prompts of at most 3 chunks (+1 token)", 3),
+    ConnectorSelfCheck(
+        "connector_tells_one_less",
+        "told_equals_restored",
+        "llama",
+        "TP1, a 1-2 layer llama, prompts of at most 2 chunks (+1 token)",
+        2,
+    ),
+    ConnectorSelfCheck(
+        "recurrent_state_from_previous_chunk",
+        "restored_bit_identical",
+        "qwen3_next",
+        "TP1, 2 layers (GDN + full), prompts of at most 3 chunks (+1 token)",
+        3,
+    ),
 ]
 
 
@@ -85,8 +104,8 @@ def test_connector_fault_is_caught_and_shrunk(harness, check):
     servers = set()
     try:
         caught, failures, n, secs, first = search_for_failure(
-            check.strategy().map(lambda c: (servers.add(case_server(c)), c)[1]), body,
-            max_examples=check.max_examples)
+            check.strategy().map(lambda c: (servers.add(case_server(c)), c)[1]), body, max_examples=check.max_examples
+        )
     finally:
         for opts in servers:
             harness.release(opts)
@@ -94,12 +113,29 @@ def test_connector_fault_is_caught_and_shrunk(harness, check):
     minimal, violations = failures[-1]
     chunk = case_server(minimal).chunk_size
     text = minimal.describe(chunk)
-    print(f"\n{check.id}: caught after {first:.1f} s, shrunk in {secs:.0f} s over {n} runs to:\n  "
-          + text.replace("\n", "\n  ") + "\n  violations: " + "; ".join(violations[:2]))
+    print(
+        f"\n{check.id}: caught after {first:.1f} s, shrunk in {secs:.0f} s over {n} runs to:\n  "
+        + text.replace("\n", "\n  ")
+        + "\n  violations: "
+        + "; ".join(violations[:2])
+    )
     out = os.path.join(repro.repro_dir(), "selfchecks")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, check.id.replace(">", "") + ".json"), "w") as f:
-        json.dump({"fault": check.fault, "invariant": check.invariant, "examples": n, "seconds": round(secs, 1),
-                   "seconds_to_first_failure": first, "minimal": minimal.to_json(), "minimal_text": text,
-                   "violations": violations}, f, indent=1)
-    assert check.small(minimal, chunk), f"{check.fault} was caught but shrank only to:\n{text}\nexpected: {check.bound_text}"
+        json.dump(
+            {
+                "fault": check.fault,
+                "invariant": check.invariant,
+                "examples": n,
+                "seconds": round(secs, 1),
+                "seconds_to_first_failure": first,
+                "minimal": minimal.to_json(),
+                "minimal_text": text,
+                "violations": violations,
+            },
+            f,
+            indent=1,
+        )
+    assert check.small(minimal, chunk), (
+        f"{check.fault} was caught but shrank only to:\n{text}\nexpected: {check.bound_text}"
+    )

@@ -28,9 +28,15 @@ def test_server_counters_match_the_engine(harness, mode, kv_device, w):
 #: TP2, `settle=immediate`: the lookup can run while one rank's chunk is committed
 #: on the server and the other's is not yet; the hit is then 0 and the lock taken on the
 #: committed chunk is released unused (booked as an L1 read by LMCache 0.5.6).
-COMMIT_RACE = Workload(ServerOptions(chunk_size=16), 2, "lmcache_driven", KVLayout(num_layers=1, kv_heads_per_rank=1,
-                                                                                  head_dim=4),
-                       (StoreSpec(PromptSpec(0, 16)),), PromptSpec(0, 16), settle="immediate")
+COMMIT_RACE = Workload(
+    ServerOptions(chunk_size=16),
+    2,
+    "lmcache_driven",
+    KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4),
+    (StoreSpec(PromptSpec(0, 16)),),
+    PromptSpec(0, 16),
+    settle="immediate",
+)
 REPLAYS = 50
 
 
@@ -54,5 +60,7 @@ def test_counters_verdict_does_not_depend_on_the_commit_race(harness):
         assert obs.lookup_l1_reads is not None, "the server's event tap recorded no lookup end"
         way = f"hit {obs.hit // 16} chunk(s), {obs.lookup_l1_reads} lock(s) released unused"
         outcomes[way] = outcomes.get(way, 0) + 1
-    print(f"\n{REPLAYS} replays of the TP2 settle=immediate case, one verdict (pass): "
-          + ", ".join(f"{k}: {n}x" for k, n in sorted(outcomes.items())))
+    print(
+        f"\n{REPLAYS} replays of the TP2 settle=immediate case, one verdict (pass): "
+        + ", ".join(f"{k}: {n}x" for k, n in sorted(outcomes.items()))
+    )

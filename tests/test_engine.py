@@ -109,10 +109,13 @@ class GdnStateNotRestored(Exception):
 
 # 0.5.7rc2 (the matrix): the same GdnStateNotRestored, the same warm != cold
 # at the same token (|d| 0.00792) with the GDN layers' state in private memory: the range ends there
-@known_issue(">=0.5.6,<=0.5.7rc2", raises=GdnStateNotRestored,
-             reason="LMCache 0.5.6 (CPU): register_kv_caches migrates the KV storage into shm and re-points only "
-                    "the tensors it is handed; vLLM's GDN layers keep their own conv/SSM state views of the old "
-                    "memory, so a restored state is never read and warm != cold")
+@known_issue(
+    ">=0.5.6,<=0.5.7rc2",
+    raises=GdnStateNotRestored,
+    reason="LMCache 0.5.6 (CPU): register_kv_caches migrates the KV storage into shm and re-points only "
+    "the tensors it is handed; vLLM's GDN layers keep their own conv/SSM state views of the old "
+    "memory, so a restored state is never read and warm != cold",
+)
 def test_hybrid_gdn_state_is_restored_where_the_model_reads_it(engine_pool):
     """The hybrid divergence the reference probe saw, unmodified: one 2C+1 prompt (hit 2C),
     steps of 256. Pinned on exactly that cause: only the bit-for-bit checks fail and the engine
@@ -122,8 +125,12 @@ def test_hybrid_gdn_state_is_restored_where_the_model_reads_it(engine_pool):
     obs = run_engine_case(engine_pool, case)
     found = check(obs)
     gdn = {k: v for k, v in (obs.engine_info.get("kv_storages") or {}).items() if "linear_attn" in k}
-    if (found and {v.invariant for v in found} <= {"warm_equals_cold", "warm_equals_apc"}
-            and gdn and all(v == ["private"] for v in gdn.values())):
+    if (
+        found
+        and {v.invariant for v in found} <= {"warm_equals_cold", "warm_equals_apc"}
+        and gdn
+        and all(v == ["private"] for v in gdn.values())
+    ):
         raise GdnStateNotRestored(report(obs, found) + f"\nGDN state storages: {gdn}")
     assert not found, report(obs, found)
 
@@ -151,9 +158,12 @@ class EngineDrivenRefusesGroups(Exception):
     """The engine_driven start failed with exactly the pinned LMCache refusal."""
 
 
-@known_issue("==0.5.6", raises=EngineDrivenRefusesGroups,
-             reason="LMCache 0.5.6 limit: engine_driven refuses vLLM's hybrid KV cache groups (sliding + full: "
-                    "'engine-driven transfer does not support multiple KV transfer groups')")
+@known_issue(
+    "==0.5.6",
+    raises=EngineDrivenRefusesGroups,
+    reason="LMCache 0.5.6 limit: engine_driven refuses vLLM's hybrid KV cache groups (sliding + full: "
+    "'engine-driven transfer does not support multiple KV transfer groups')",
+)
 def test_sliding_engine_driven_registers(engine_pool):
     """engine_driven on the sliding model: pinned until LMCache accepts several KV cache groups there
     (then this XPASSes, strict, and the sliding property should add the mode). Any other start

@@ -53,18 +53,34 @@ def test_engine_fault_is_caught_and_shrunk(engine_pool, sc):
 
     try:
         caught, failures, n, secs, first = search_for_failure(
-            engine_cases((opts,), max_chunks=4, max_batch=2), body, max_examples=sc.max_examples)
+            engine_cases((opts,), max_chunks=4, max_batch=2), body, max_examples=sc.max_examples
+        )
     finally:
         engine_pool.release(opts)
     assert caught, f"fault {sc.fault} was NOT caught by {sc.checks} in {n} cases"
     minimal, violations = failures[-1]
     text = minimal.describe()
-    print(f"\n{sc.id}: caught after {first:.1f} s, shrunk in {secs:.0f} s over {n} runs to:\n  "
-          + text.replace("\n", "\n  ") + "\n  violations: " + "; ".join(violations[:2]))
+    print(
+        f"\n{sc.id}: caught after {first:.1f} s, shrunk in {secs:.0f} s over {n} runs to:\n  "
+        + text.replace("\n", "\n  ")
+        + "\n  violations: "
+        + "; ".join(violations[:2])
+    )
     out = os.path.join(repro.repro_dir(), "selfchecks")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "engine-" + sc.id.replace(">", "").replace(":", "_") + ".json"), "w") as f:
-        json.dump({"fault": sc.fault, "checks": sc.checks, "examples": n, "seconds": round(secs, 1),
-                   "seconds_to_first_failure": first, "minimal": minimal.to_json(), "minimal_text": text,
-                   "violations": violations}, f, indent=1)
+        json.dump(
+            {
+                "fault": sc.fault,
+                "checks": sc.checks,
+                "examples": n,
+                "seconds": round(secs, 1),
+                "seconds_to_first_failure": first,
+                "minimal": minimal.to_json(),
+                "minimal_text": text,
+                "violations": violations,
+            },
+            f,
+            indent=1,
+        )
     assert sc.small(minimal), f"{sc.fault} was caught but shrank only to:\n{text}\nexpected: {sc.bound_text}"

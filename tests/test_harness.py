@@ -20,7 +20,8 @@ from fixtures.drivers import metrics as M
 from fixtures.drivers.metrics import Metrics
 from fixtures.drivers.server import LMCacheServer
 from fixtures.errors import ServerStartError
-from fixtures.oracle import invariants, kvmodel
+from fixtures.case import kvmodel
+from fixtures.oracle import invariants
 from strategies import workloads
 
 
@@ -39,10 +40,10 @@ def test_model_kv_depends_on_the_prefix_only():
     b = PromptSpec(1, 64, flips=(33,)).tokens()
     ka = kvmodel.expected_blocks(lay, a, 0, 0, 4)
     kb = kvmodel.expected_blocks(lay, b, 0, 0, 4)
-    assert torch.equal(ka[:2], kb[:2])            # blocks before the flip agree
-    assert not torch.equal(ka[2], kb[2])           # the flip's block differs
+    assert torch.equal(ka[:2], kb[:2])  # blocks before the flip agree
+    assert not torch.equal(ka[2], kb[2])  # the flip's block differs
     assert not torch.equal(ka[0], kvmodel.expected_blocks(lay, a, 1, 0, 1)[0])  # ranks hold different shards
-    assert not torch.isnan(ka.float()).any()       # never the sentinel
+    assert not torch.isnan(ka.float()).any()  # never the sentinel
 
 
 @pytest.mark.parametrize("physical", ["NHD", "HND"])
@@ -72,8 +73,17 @@ def test_connector_reads_first_tokens_of_a_vllm_block(layout):
     from fixtures.drivers import vllm_model
     from fixtures.drivers.connector_rank import first_tokens
 
-    v = vllm_model.vllm_config(ModelShape(), "tcp://127.0.0.1:1", tp=1, rank=0, max_num_batched_tokens=256,
-                               max_model_len=256, extra=None, model_path=None, connector="lmcache")
+    v = vllm_model.vllm_config(
+        ModelShape(),
+        "tcp://127.0.0.1:1",
+        tp=1,
+        rank=0,
+        max_num_batched_tokens=256,
+        max_model_len=256,
+        extra=None,
+        model_path=None,
+        connector="lmcache",
+    )
     p = vllm_model.plan(v, vllm_model.kv_cache_specs(v, ModelShape()), num_blocks=24, world=1, layouts=(layout,))
     assert p.layout.name == layout
     t = next(iter(vllm_model.allocate(p.worker_kv_configs[0], p.layout).values()))
@@ -101,8 +111,10 @@ def test_model_hit_follows_prefixes_and_ranks():
 
 
 def test_metrics_parse_labels_and_sum():
-    m = Metrics.parse('# HELP x\nlmcache_mp_num_chunks_loaded_total{worker_id="1",model_name="m"} 3.0\n'
-                      'lmcache_mp_num_chunks_loaded_total{worker_id="2",model_name="m"} 4.0\nfoo 1e3\n')
+    m = Metrics.parse(
+        '# HELP x\nlmcache_mp_num_chunks_loaded_total{worker_id="1",model_name="m"} 3.0\n'
+        'lmcache_mp_num_chunks_loaded_total{worker_id="2",model_name="m"} 4.0\nfoo 1e3\n'
+    )
     assert m["lmcache_mp_num_chunks_loaded_total"] == 7
     assert m.get("lmcache_mp_num_chunks_loaded_total", worker_id="2") == 4
     assert m["foo"] == 1000
@@ -127,7 +139,10 @@ def test_workloads_round_trip_through_json(w):
 def test_fault_names_are_checked():
     with pytest.raises(ValueError, match="unknown fault 'nope'"):
         faults.parse("nope")
-    assert {f.name for f, _ in faults.parse("inflate_hit,skip_retrieve_after:3")} == {"inflate_hit", "skip_retrieve_after"}
+    assert {f.name for f, _ in faults.parse("inflate_hit,skip_retrieve_after:3")} == {
+        "inflate_hit",
+        "skip_retrieve_after",
+    }
 
 
 def test_a_bad_server_flag_is_one_clear_line(tmp_path):
@@ -216,10 +231,12 @@ def _mq_client_and_noop():
     """LMCache's own ZMQ request client, and its no-op request (names moved in 0.5.6)."""
     try:
         from lmcache.v1.multiprocess.transport.zmq_impl.mq import MessageQueueClient
+
         return MessageQueueClient, lambda client: client.submit_request("noop", [])
     except ImportError:
         from lmcache.v1.multiprocess.mq import MessageQueueClient
         from lmcache.v1.multiprocess.protocol import RequestType
+
         return MessageQueueClient, lambda client: client.submit_request(RequestType.NOOP, [])
 
 
@@ -308,7 +325,7 @@ def test_a_server_whose_request_loop_died_says_so(tmp_path):
     import zmq
 
     from fixtures.drivers import procs
-    from fixtures.drivers.engine import Engine
+    from fixtures.drivers.rank_group import RankGroup
     from fixtures.drivers.polling import poll_until
     from fixtures.drivers.server import LMCacheServer
 
@@ -330,7 +347,7 @@ def test_a_server_whose_request_loop_died_says_so(tmp_path):
             pytest.skip("this build's request loop survives a one-frame request: nothing to report")
         assert death is not None and "AssertionError" in death, death
         assert not answered, "the server answered after its request loop died"
-        state = Engine._server_state(types.SimpleNamespace(server=srv))
+        state = RankGroup._server_state(types.SimpleNamespace(server=srv))
         assert srv.is_alive() and f"its request loop is dead ({death})" in state, state
     finally:
         if client is not None:
@@ -342,8 +359,14 @@ def test_a_server_whose_request_loop_died_says_so(tmp_path):
 
 def test_repro_files_replay_the_same_case(tmp_path, monkeypatch):
     monkeypatch.setenv("LMCACHE_PBT_REPRO_DIR", str(tmp_path))
-    w = Workload(ServerOptions(chunk_size=16), 1, "lmcache_driven", KVLayout(),
-                 (StoreSpec(PromptSpec(0, 20)),), PromptSpec(0, 20))
+    w = Workload(
+        ServerOptions(chunk_size=16),
+        1,
+        "lmcache_driven",
+        KVLayout(),
+        (StoreSpec(PromptSpec(0, 20)),),
+        PromptSpec(0, 20),
+    )
     repro.set_current_test("tests/x.py::test_case")
     repro.remember("workload", w.to_json(), ["[hit_accounting] example"], ("hit_accounting",))
     path = repro.write(repro.take("tests/x.py::test_case"), blob="'6.170.17', b'AAA'", profile="ci")
@@ -356,7 +379,7 @@ def test_a_rank_that_misses_a_reply_says_where_it_hangs():
     """A rank that does not answer in time is named with its threads' stacks (faulthandler),
     so a hang in CI reads as the LMCache call it hangs in. Here: a worker adapter opened
     against a port no server listens on waits forever for its first reply."""
-    from fixtures.drivers.engine import RankPool
+    from fixtures.drivers.rank_group import RankPool
     from fixtures.drivers.rank import AdapterSpec
     from fixtures.errors import HarnessError
 
@@ -444,12 +467,20 @@ def test_counters_tolerates_the_l1_read_overcount_only_where_it_is_known(monkeyp
 
     from fixtures.case.layout import KVLayout
 
-    w = Workload(ServerOptions(chunk_size=16), 2, "lmcache_driven", KVLayout(num_layers=1, kv_heads_per_rank=1,
-                 head_dim=4), (StoreSpec(PromptSpec(0, 16), ranks=(0,)),), PromptSpec(0, 16), settle="settled")
+    w = Workload(
+        ServerOptions(chunk_size=16),
+        2,
+        "lmcache_driven",
+        KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4),
+        (StoreSpec(PromptSpec(0, 16), ranks=(0,)),),
+        PromptSpec(0, 16),
+        settle="settled",
+    )
 
     def obs(reads: int, booked: int):
-        return SimpleNamespace(workload=w, hit=0, retrieves=[], lookup_l1_reads=booked, known=[],
-                               delta=lambda name: float(reads))
+        return SimpleNamespace(
+            workload=w, hit=0, retrieves=[], lookup_l1_reads=booked, known=[], delta=lambda name: float(reads)
+        )
 
     for known_here in (True, False):
         monkeypatch.setattr(invariants, "holds_on", lambda builds: known_here)

@@ -29,16 +29,27 @@ def test_injected_fault_is_caught_and_shrunk(harness, check, record_property):
     out = os.path.join(repro.repro_dir(), "selfchecks")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, check.id.replace(">", "").replace(":", "_") + ".json"), "w") as f:
-        json.dump({"fault": check.fault, "property": check.property, "caught": result.caught,
-                   "examples": result.examples, "seconds": round(result.seconds, 1),
-                   "seconds_to_first_failure": result.seconds_to_first_failure,
-                   "minimal": result.minimal.to_json() if result.minimal else None,
-                   "minimal_text": result.minimal.describe() if result.minimal else None,
-                   "violations": result.violations}, f, indent=1)
-    assert result.caught, f"fault {check.fault} was NOT caught by property {check.property} in {result.examples} examples"
+        json.dump(
+            {
+                "fault": check.fault,
+                "property": check.property,
+                "caught": result.caught,
+                "examples": result.examples,
+                "seconds": round(result.seconds, 1),
+                "seconds_to_first_failure": result.seconds_to_first_failure,
+                "minimal": result.minimal.to_json() if result.minimal else None,
+                "minimal_text": result.minimal.describe() if result.minimal else None,
+                "violations": result.violations,
+            },
+            f,
+            indent=1,
+        )
+    assert result.caught, (
+        f"fault {check.fault} was NOT caught by property {check.property} in {result.examples} examples"
+    )
     assert check.bound(result.minimal), (
-        f"fault {check.fault} was caught but shrank only to:\n{result.minimal.describe()}\n"
-        f"expected: {check.bound_text}")
+        f"fault {check.fault} was caught but shrank only to:\n{result.minimal.describe()}\nexpected: {check.bound_text}"
+    )
 
 
 #: two faults at once: the hash ignores each chunk's last token (a prompt changed there hits
@@ -63,8 +74,15 @@ def test_two_faults_are_reported_as_two_bugs(harness):
     prop = PROPERTIES["divergence"]
     cases: dict[type, object] = {}
 
-    @settings(max_examples=120, derandomize=True, database=None, deadline=None, report_multiple_bugs=True,
-              print_blob=False, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=120,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        report_multiple_bugs=True,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(w=prop.strategy(server=opts, chunk=st.just(16), modes=("lmcache_driven",)))
     def divergence(w):
         try:

@@ -52,8 +52,10 @@ def test_histories_never_overstate_and_never_lose(harness, kv_device):
     rec = Recorder()
     t0 = time.monotonic()
     try:
-        run_state_machine_as_test(machine_for(harness, cfg, rec), settings=settings(
-            settings.default, max_examples=budget(1), stateful_step_count=STEPS, deadline=None))
+        run_state_machine_as_test(
+            machine_for(harness, cfg, rec),
+            settings=settings(settings.default, max_examples=budget(1), stateful_step_count=STEPS, deadline=None),
+        )
     finally:
         harness.release(cfg.server)
     # Hypothesis' swarm testing switches rules off per program, so a few programs need
@@ -61,9 +63,10 @@ def test_histories_never_overstate_and_never_lose(harness, kv_device):
     secs = time.monotonic() - t0
     steps = sum(rec.fired.values())
     counts = ", ".join(f"{r}={rec.fired.get(r, 0)}" for r in RULES)
-    print(f"\nstateful rules fired over {budget(1)} programs: {counts}\n"
-          f"{steps} steps in {secs:.0f} s: {steps / secs:.2f} steps/s (checks after every step included)")
-
+    print(
+        f"\nstateful rules fired over {budget(1)} programs: {counts}\n"
+        f"{steps} steps in {secs:.0f} s: {steps / secs:.2f} steps/s (checks after every step included)"
+    )
 
 
 SEARCH_EXAMPLES = pbt.STATEFUL_SELFCHECK_EXAMPLES.get()
@@ -90,8 +93,9 @@ def test_stateful_fault_is_caught_and_shrunk(harness, fault, check, max_steps):
     shrinking deletes steps down to a few that read as a reproduction.
     (Random programs of the whole machine reach these faults too rarely for CI: each needs a
     particular 3-4 step order, e.g. store, settle_l2, clear_l1, lookup.)"""
-    cfg = MachineConfig(server=ServerOptions(chunk_size=16, l1_size_gb=0.03125, l2_fs=True, faults=(fault,),
-                                             tag="stateful"))
+    cfg = MachineConfig(
+        server=ServerOptions(chunk_size=16, l1_size_gb=0.03125, l2_fs=True, faults=(fault,), tag="stateful")
+    )
     Machine = machine_for(harness, cfg)
     program = [st for st in tour() if st[0] != "new_prompt"]  # prompts travel as arguments
     t0 = time.monotonic()
@@ -110,8 +114,9 @@ def test_stateful_fault_is_caught_and_shrunk(harness, fault, check, max_steps):
     assert mine, f"{fault}: caught only by other checks: {others}: {failing[-1][2]}"
     _, minimal, why_min = mine[-1]
     text = program_text(minimal, 16)
-    print(f"\n{fault}: caught on the tour ({why})\n  shrunk by Hypothesis in {time.monotonic() - t0:.0f} s, "
-          f"{len(failing)} failing replays, to {len(minimal)} steps:\n  {text}\n  -> {why_min}"
-          + (f"\n  (also seen while shrinking: {', '.join(others)})" if others else ""))
+    print(
+        f"\n{fault}: caught on the tour ({why})\n  shrunk by Hypothesis in {time.monotonic() - t0:.0f} s, "
+        f"{len(failing)} failing replays, to {len(minimal)} steps:\n  {text}\n  -> {why_min}"
+        + (f"\n  (also seen while shrinking: {', '.join(others)})" if others else "")
+    )
     assert len(minimal) <= max_steps, f"{fault}: shrank only to {len(minimal)} steps: {text}"
-

@@ -50,29 +50,47 @@ def test_a_held_hit_survives_eviction_until_its_retrieve(harness, case):
 
 SELF_CHECKS = [
     # fault, property, strategy, run+check, bound on the shrunk case, bound text
-    ("l2_hits_booked_as_l1", "tier_attribution", tier_cases, lambda h, x: check_tiers(run_tiers(h, x)), TIER_SERVER,
-     lambda x: x.tp == 1 and x.stored == 1 and x.in_l1 == 0 and x.hit_chunks() == 1,
-     "TP1, one stored chunk, served by L2"),
-    ("evict_locked", "locks_hold", hold_cases, lambda h, x: check_hold(run_hold(h, x)), HOLD_SERVER,
-     lambda x: x.tp == 1 and x.prompt.length // x.server.chunk_size == 1,
-     "TP1, a 1-chunk prompt held"),
+    (
+        "l2_hits_booked_as_l1",
+        "tier_attribution",
+        tier_cases,
+        lambda h, x: check_tiers(run_tiers(h, x)),
+        TIER_SERVER,
+        lambda x: x.tp == 1 and x.stored == 1 and x.in_l1 == 0 and x.hit_chunks() == 1,
+        "TP1, one stored chunk, served by L2",
+    ),
+    (
+        "evict_locked",
+        "locks_hold",
+        hold_cases,
+        lambda h, x: check_hold(run_hold(h, x)),
+        HOLD_SERVER,
+        lambda x: x.tp == 1 and x.prompt.length // x.server.chunk_size == 1,
+        "TP1, a 1-chunk prompt held",
+    ),
 ]
 
 
 @pytest.mark.selfcheck
-@pytest.mark.parametrize("fault,prop,strategy,body,server,bound,bound_text", SELF_CHECKS,
-                         ids=[f"{f}->{p}" for f, p, *_ in SELF_CHECKS])
+@pytest.mark.parametrize(
+    "fault,prop,strategy,body,server,bound,bound_text", SELF_CHECKS, ids=[f"{f}->{p}" for f, p, *_ in SELF_CHECKS]
+)
 def test_tier_and_lock_faults_are_caught_and_shrunk(harness, fault, prop, strategy, body, server, bound, bound_text):
     opts = ServerOptions(**{**server.__dict__, "faults": (fault,)})
     try:
-        caught, failures, n, secs, first = search_for_failure(strategy(server=opts), lambda x: body(harness, x),
-                                                              max_examples=60)
+        caught, failures, n, secs, first = search_for_failure(
+            strategy(server=opts), lambda x: body(harness, x), max_examples=60
+        )
     finally:
         harness.release(opts)
     assert caught, f"fault {fault} was NOT caught by {prop} in {n} examples"
     minimal, violations = failures[-1]
-    print(f"\n{fault}->{prop}: caught after {first:.1f} s, shrunk in {secs:.0f} s over {n} runs to:\n  "
-          + minimal.describe().replace("\n", "\n  ") + "\n  violations: " + "; ".join(violations[:3]))
+    print(
+        f"\n{fault}->{prop}: caught after {first:.1f} s, shrunk in {secs:.0f} s over {n} runs to:\n  "
+        + minimal.describe().replace("\n", "\n  ")
+        + "\n  violations: "
+        + "; ".join(violations[:3])
+    )
     assert bound(minimal), f"{fault} was caught but shrank only to:\n{minimal.describe()}\nexpected: {bound_text}"
 
 
@@ -86,8 +104,9 @@ def test_a_fill_right_after_a_restart_evicts(harness):
     opts = ServerOptions(chunk_size=16, l1_size_gb=0.03125, tag="fill-restart")
     srv = harness.server(opts)
     try:
-        filler = harness.engines.get(srv, 1, "lmcache_driven", FILLER, model_name="pbt-fill-restart",
-                                     heartbeat_interval=1.0)
+        filler = harness.rank_groups.get(
+            srv, 1, "lmcache_driven", FILLER, model_name="pbt-fill-restart", heartbeat_interval=1.0
+        )
         first, _ = fill_until_evicted(srv, filler, "fill-restart-a", "fra", 7000)
         assert first > 0, "the first fill (no restart) did not evict"
         srv.restart(keep_l2=False)

@@ -10,5 +10,5 @@ One file per target, each exposing ``TestOneInput(data: bytes)`` and runnable as
 ``test_fuzz_smoke.py`` feeds the same property bodies from Hypothesis,
 ``test_fuzz_findings.py`` pins what they found in LMCache 0.5.6, and
 ``test_fuzz_selfchecks.py`` shows each property fails on a deliberately broken
-LMCache. ``ci/fuzz.sh`` runs the targets time-boxed; see ``fuzz/README.md``.
+LMCache. ``ci/fuzz.sh`` runs the targets time-boxed; see ``tests/fuzz/README.md``.
 """

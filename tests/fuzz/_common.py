@@ -90,12 +90,14 @@ def main(test_one_input: Callable[[bytes], None], *, on_crash: Callable[[], None
         sys.exit(f"{os.path.relpath(sys.argv[0])}: {MISSING_ATHERIS}")
     entry = test_one_input
     if on_crash is not None:
+
         def entry(data: bytes) -> None:
             try:
                 test_one_input(data)
             except BaseException:
                 on_crash()
                 raise
+
     on_fuzzer_exit(print_known_tally)
     atheris.Setup(sys.argv, entry)
     atheris.Fuzz()
@@ -122,7 +124,7 @@ class Reader:
         self.pos = 0
 
     def _take(self, n: int) -> bytes:
-        b = self.data[self.pos:self.pos + n]
+        b = self.data[self.pos : self.pos + n]
         self.pos += n
         return b + b"\0" * (n - len(b))
 
@@ -143,7 +145,7 @@ class Reader:
 
     def blob(self, max_len: int) -> bytes:
         n = self.u16() % (max_len + 1)
-        b = self.data[self.pos:self.pos + n]
+        b = self.data[self.pos : self.pos + n]
         self.pos += n
         return b
 
@@ -151,7 +153,7 @@ class Reader:
         return self.blob(max_len).decode("utf-8", "replace")
 
     def rest(self) -> bytes:
-        b = self.data[self.pos:]
+        b = self.data[self.pos :]
         self.pos = len(self.data)
         return b
 
@@ -234,25 +236,25 @@ class Finding(AssertionError):
 
 KNOWN = {
     "single_frame_request": "a request of one ZMQ frame trips `assert len(msg) >= 3` in "
-                            "MessageQueueServer._main_loop; the request thread dies, the server never "
-                            "answers again, /healthcheck stays 200",
+    "MessageQueueServer._main_loop; the request thread dies, the server never "
+    "answers again, /healthcheck stays 200",
     "deep_operation_frame": "an operation frame nested ~1000 msgpack levels deep raises RecursionError "
-                            "in decode_operation, which the request loop does not catch (it catches "
-                            "TypeError/ValueError): the request thread dies as above",
+    "in decode_operation, which the request loop does not catch (it catches "
+    "TypeError/ValueError): the request thread dies as above",
     "bool_operation_id": "decode_operation accepts msgpack true as legacy operation id 1 "
-                         "(register_kv_cache): isinstance(True, int)",
+    "(register_kv_cache): isinstance(True, int)",
     "int_payload_coercion": "an int-typed payload is decoded untyped then int()-coerced: a float is "
-                            "truncated (7.9 -> 7), a str or bin of digits accepted ('7', b' 7 '), "
-                            "inf raises OverflowError",
+    "truncated (7.9 -> 7), a str or bin of digits accepted ('7', b' 7 '), "
+    "inf raises OverflowError",
     "deep_nesting_recursion": "msgspec raises RecursionError (not DecodeError) for a payload nested "
-                              "~1000 levels deep, e.g. inside IPCCacheServerKey.request_configs",
+    "~1000 levels deep, e.g. inside IPCCacheServerKey.request_configs",
     "dtype_attribute_error": "a MemoryLayoutDesc dtype name torch lacks raises AttributeError from "
-                             "getattr(torch, name) in the customized decoder's dec_hook",
+    "getattr(torch, name) in the customized decoder's dec_hook",
     "fs_model_name_sep": "the fs L2 filename writes '/' in a model name as '-SEP-' and reads every "
-                         "'-SEP-' back as '/' (a substitution, not an escape): models 'a-SEP-b' and 'a/b' "
-                         "share L2 files, and 'a-SEP/-b' reads back as 'a/SEP--b'",
+    "'-SEP-' back as '/' (a substitution, not an escape): models 'a-SEP-b' and 'a/b' "
+    "share L2 files, and 'a-SEP/-b' reads back as 'a/SEP--b'",
     "kv_rank_aliasing": "ObjectKey.ComputeKVRank ORs world_size/worker_id into 8-bit fields unchecked: "
-                        "with world_size > 255, different workers get the same kv_rank (same ObjectKey)",
+    "with world_size > 255, different workers get the same kv_rank (same ObjectKey)",
 }
 
 _tally: collections.Counter = collections.Counter()
@@ -305,5 +307,8 @@ def known_tally() -> dict[str, int]:
 def print_known_tally() -> None:
     if _tally:
         parts = ", ".join(f"{k} x{v}" for k, v in sorted(_tally.items()))
-        print(f"known LMCache 0.5.6 findings stepped over (LMCACHE_FUZZ_KNOWN=hit to stop on them): {parts}",
-              file=sys.stderr, flush=True)
+        print(
+            f"known LMCache 0.5.6 findings stepped over (LMCACHE_FUZZ_KNOWN=hit to stop on them): {parts}",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -23,7 +23,7 @@ Properties (all relational: nothing is compared with a hash this file computes):
   (struct.error, ValueError or TypeError); returning hashes (a silent wraparound)
   is a finding. Out-of-range tokens past the hashed range are never looked at.
   (TokenHasher does raise struct.error. End to end that error surfaces inside the
-  server's LOOKUP/STORE handler, which never answers: see fuzz/README.md.)
+  server's LOOKUP/STORE handler, which never answers: see tests/fuzz/README.md.)
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ import numpy as np
 
 MAX_TOKENS = 256
 MAX_CHUNK = 32
-U32 = 2 ** 32
+U32 = 2**32
 #: Values a token must never be silently hashed as (index into it from fuzz bytes).
-ODD_TOKENS = (-1, U32, U32 + 7, 2 ** 63 - 1, -(2 ** 63), 2 ** 64, -(2 ** 31), 3.0, np.int64(-1), np.uint64(U32))
+ODD_TOKENS = (-1, U32, U32 + 7, 2**63 - 1, -(2**63), 2**64, -(2**31), 3.0, np.int64(-1), np.uint64(U32))
 #: How a clean "this token cannot be hashed" looks. From 0.5.7 tokens are packed by
 #: lmcache.v1.multiprocess.token_codec.pack_token_ids, whose documented rejection of a token
 #: outside uint32 is OverflowError (0.5.6 and before: struct.error from struct.pack(">I")).
@@ -81,7 +81,7 @@ class Case:
         a = tuple(r.u32() for _ in range(r.u16() % (MAX_TOKENS + 1)))
         p = r.u16() % (len(a) + 1)
         if r.u8() & 1 and p < len(a):  # b = a with token p changed
-            b = a[:p] + ((a[p] ^ (1 + r.u32() % (U32 - 1))),) + a[p + 1:]
+            b = a[:p] + ((a[p] ^ (1 + r.u32() % (U32 - 1))),) + a[p + 1 :]
         else:  # b = a[:p] + other tokens
             b = a[:p] + tuple(r.u32() for _ in range(r.u8() % 64))
         flags = r.u8()
@@ -137,8 +137,11 @@ def check(case: Case) -> None:
     if odd_in_range:
         got, err = _common.outcome(h.compute_chunk_hashes, a, start=case.start or 0, end=case.end)
         if err is None:
-            _fail(case, f"token {a[odd_in_range[0]]!r} at {odd_in_range[0]} (outside uint32) was hashed "
-                        f"silently instead of raising: {len(got)} hashes returned")
+            _fail(
+                case,
+                f"token {a[odd_in_range[0]]!r} at {odd_in_range[0]} (outside uint32) was hashed "
+                f"silently instead of raising: {len(got)} hashes returned",
+            )
         if not isinstance(err, CLEAN_TOKEN_ERRORS):
             _fail(case, f"token {a[odd_in_range[0]]!r} raised {type(err).__name__}: {err} (not a clean error)")
         return
@@ -157,12 +160,12 @@ def check(case: Case) -> None:
     n = len(full)
     if n:
         k = case.k % n
-        if h.compute_chunk_hashes(a_clean[:(k + 1) * C]) != full[:k + 1]:
+        if h.compute_chunk_hashes(a_clean[: (k + 1) * C]) != full[: k + 1]:
             _fail(case, f"not prefix-consistent: hashes of the first {k + 1} chunks alone differ")
         prev = full[k - 1] if k else None
-        if h.hash_tokens(a_clean[k * C:(k + 1) * C], prev) != full[k]:
+        if h.hash_tokens(a_clean[k * C : (k + 1) * C], prev) != full[k]:
             _fail(case, f"hash_tokens(chunk {k}, prefix=hash {k - 1}) != compute_chunk_hashes()[{k}]")
-        if h.compute_chunk_hashes(a_clean[k * C:], prefix_hash=prev) != full[k:]:
+        if h.compute_chunk_hashes(a_clean[k * C :], prefix_hash=prev) != full[k:]:
             _fail(case, f"resuming at chunk {k} with prefix_hash=hash {k - 1} gives other hashes")
 
     # The range call runs on `a` as given: any out-of-range token is past the hashed range.
@@ -170,8 +173,11 @@ def check(case: Case) -> None:
     want_idx = [i for i in range(n) if i * C >= s and (e is None or (i + 1) * C <= e)]
     got = h.compute_chunk_hashes(a, start=s, end=e)
     if got != [full[i] for i in want_idx]:
-        _fail(case, f"start={case.start} end={case.end}: got {len(got)} hashes, expected those of chunks {want_idx}"
-                    + (" (out-of-range tokens sit past the hashed range)" if a != a_clean else ""))
+        _fail(
+            case,
+            f"start={case.start} end={case.end}: got {len(got)} hashes, expected those of chunks {want_idx}"
+            + (" (out-of-range tokens sit past the hashed range)" if a != a_clean else ""),
+        )
 
     # 0.5.7 on: the server hashes the packed tokens of IPCCacheServerKey.token_bytes with
     # compute_packed_chunk_hashes; it must give the token-list hashes, for ranges and resumes too
@@ -180,19 +186,25 @@ def check(case: Case) -> None:
         from lmcache.v1.multiprocess.token_codec import pack_token_ids
 
         if packed_hashes(pack_token_ids(a_clean), start=s, end=e) != [full[i] for i in want_idx]:
-            _fail(case, f"compute_packed_chunk_hashes(start={case.start}, end={case.end}) != compute_chunk_hashes "
-                        f"of the same tokens")
-        if n and packed_hashes(pack_token_ids(a_clean[k * C:]), prefix_hash=prev) != full[k:]:
+            _fail(
+                case,
+                f"compute_packed_chunk_hashes(start={case.start}, end={case.end}) != compute_chunk_hashes "
+                f"of the same tokens",
+            )
+        if n and packed_hashes(pack_token_ids(a_clean[k * C :]), prefix_hash=prev) != full[k:]:
             _fail(case, f"compute_packed_chunk_hashes resuming at chunk {k} != compute_chunk_hashes")
 
     b = list(case.b)
     hb = h.compute_chunk_hashes(b)
     for i in range(min(n, len(hb))):
-        same_prefix = a_clean[:(i + 1) * C] == b[:(i + 1) * C]
+        same_prefix = a_clean[: (i + 1) * C] == b[: (i + 1) * C]
         if (full[i] == hb[i]) != same_prefix:
             first = next((j for j in range((i + 1) * C) if a_clean[j] != b[j]), None)
-            _fail(case, f"chunk {i}: prefixes {'equal' if same_prefix else f'differ at token {first}'} but "
-                        f"hashes {'equal' if full[i] == hb[i] else 'differ'}")
+            _fail(
+                case,
+                f"chunk {i}: prefixes {'equal' if same_prefix else f'differ at token {first}'} but "
+                f"hashes {'equal' if full[i] == hb[i] else 'differ'}",
+            )
 
 
 def _is_u32(t) -> bool:
@@ -211,7 +223,7 @@ def TestOneInput(data: bytes) -> None:
 def cases():
     from hypothesis import strategies as st
 
-    u32 = st.one_of(st.integers(0, 15), st.integers(0, U32 - 1), st.sampled_from([U32 - 1, 2 ** 31]))
+    u32 = st.one_of(st.integers(0, 15), st.integers(0, U32 - 1), st.sampled_from([U32 - 1, 2**31]))
 
     @st.composite
     def build(draw):
@@ -224,23 +236,30 @@ def cases():
                 p = min(len(a) - 1, k * C + draw(st.sampled_from([0, C - 1])))
             else:
                 p = draw(st.integers(0, len(a) - 1))
-            b = a[:p] + ((a[p] + draw(st.integers(1, 5))) % U32,) + a[p + 1:]
+            b = a[:p] + ((a[p] + draw(st.integers(1, 5))) % U32,) + a[p + 1 :]
         elif kind == "prefix":
             p = draw(st.integers(0, len(a)))
             b = a[:p] + tuple(draw(st.lists(u32, max_size=2 * C + 1)))
         else:
             b = a
         bound = st.one_of(st.none(), st.integers(-C, len(a) + C), st.integers(0, len(a) // C + 1).map(lambda k: k * C))
-        odd = draw(st.one_of(st.just(()), st.lists(st.tuples(st.integers(0, max(len(a), 1)),
-                                                             st.integers(0, len(ODD_TOKENS) - 1)),
-                                                   min_size=1, max_size=2).map(tuple)))
+        odd = draw(
+            st.one_of(
+                st.just(()),
+                st.lists(
+                    st.tuples(st.integers(0, max(len(a), 1)), st.integers(0, len(ODD_TOKENS) - 1)),
+                    min_size=1,
+                    max_size=2,
+                ).map(tuple),
+            )
+        )
         return Case(C, a, b, draw(bound), draw(bound), draw(st.integers(0, 255)), odd)
 
     return build()
 
 
 def seeds() -> dict[str, bytes]:
-    """Named seed inputs for fuzz/corpus/chunk_hash (written by tests/fuzz/seeds.py)."""
+    """Named seed inputs for tests/fuzz/corpus/chunk_hash (written by tests/fuzz/seeds.py)."""
     a = tuple(range(100, 148))  # 3 chunks of 16
     return {
         "three_chunks_flip_last": Case(16, a, a[:15] + (9,) + a[16:]).to_bytes(),
@@ -256,7 +275,7 @@ def seeds() -> dict[str, bytes]:
 
 
 def dictionary() -> list[bytes]:
-    return [struct.pack(">I", v) for v in (0, 1, 15, 16, U32 - 1, 2 ** 31)] + [b"\x80", b"\x81", b"\x83"]
+    return [struct.pack(">I", v) for v in (0, 1, 15, 16, U32 - 1, 2**31)] + [b"\x80", b"\x81", b"\x83"]
 
 
 if __name__ == "__main__":

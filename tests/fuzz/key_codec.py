@@ -61,6 +61,7 @@ with _common.instrumented(__name__):
         msgspec_decode,
         msgspec_encode,
     )
+
     try:  # the raw-block key codec moved under the L2 adapters in 0.5.7
         from lmcache.v1.distributed.l2_adapters.raw_block import key_codec as raw_block
     except ImportError:
@@ -96,6 +97,7 @@ def more_tokens(value, t: int = 7):
 
 def _tokens_ok(value) -> bool:
     return TOKENS == "token_ids" or len(value) % 4 == 0
+
 
 _ipc_enc, _ipc_dec = get_customized_encoder(IPCCacheServerKey), get_customized_decoder(IPCCacheServerKey)
 _obj_enc, _obj_dec = get_customized_encoder(ObjectKey), get_customized_decoder(ObjectKey)
@@ -144,8 +146,13 @@ def ipc_fields(r: _common.Reader) -> dict:
         model_name=r.text(40),
         world_size=ws,
         worker_id=worker,
-        **{TOKENS: (tuple((r.i64() if flags & 8 else r.u32()) for _ in range(r.u8() % 40)) if TOKENS == "token_ids"
-                    else tokens([r.u32() for _ in range(r.u8() % 40)], r.blob(3) if flags & 8 else b""))},
+        **{
+            TOKENS: (
+                tuple((r.i64() if flags & 8 else r.u32()) for _ in range(r.u8() % 40))
+                if TOKENS == "token_ids"
+                else tokens([r.u32() for _ in range(r.u8() % 40)], r.blob(3) if flags & 8 else b"")
+            )
+        },
         start=r.i16(),
         end=r.i16(),
         request_id=r.text(24),
@@ -191,8 +198,13 @@ def objkey_fields(r: _common.Reader) -> dict:
         salt = "".join(c for c in salt if c not in SALT_FORBIDDEN)[:SALT_MAX]
     if flags & 2:  # a model name with the path separators the fs filename rewrites
         model = model[:8] + ("/" if flags & 4 else FS_SEP) + model[8:]
-    return dict(chunk_hash=r.blob(40), model_name=model, kv_rank=r.i64(),
-                object_group_id=(r.i16() if flags & 8 else r.u8()), cache_salt=salt)
+    return dict(
+        chunk_hash=r.blob(40),
+        model_name=model,
+        kv_rank=r.i64(),
+        object_group_id=(r.i16() if flags & 8 else r.u8()),
+        cache_salt=salt,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -210,8 +222,7 @@ def _unclean(where: str, err: Exception) -> None:
 
 def _check_ipc_invariants(k, where: str) -> None:
     f = _fields(k)
-    types = dict(model_name=str, world_size=int, start=int, end=int, request_id=str, cache_salt=str,
-                 num_kv_readers=int)
+    types = dict(model_name=str, world_size=int, start=int, end=int, request_id=str, cache_salt=str, num_kv_readers=int)
     for name, t in types.items():
         if type(f[name]) is not t:
             raise Finding(f"{where}: accepted {name}={f[name]!r} ({type(f[name]).__name__}, declared {t.__name__})")
@@ -219,11 +230,15 @@ def _check_ipc_invariants(k, where: str) -> None:
         raise Finding(f"{where}: accepted worker_id={f['worker_id']!r}")
     if TOKENS == "token_bytes":
         if type(f[TOKENS]) is not bytes or len(f[TOKENS]) % 4:
-            raise Finding(f"{where}: accepted token_bytes {f[TOKENS][:12]!r} of type {type(f[TOKENS]).__name__}, "
-                          f"length {len(f[TOKENS])}")
+            raise Finding(
+                f"{where}: accepted token_bytes {f[TOKENS][:12]!r} of type {type(f[TOKENS]).__name__}, "
+                f"length {len(f[TOKENS])}"
+            )
     elif type(f["token_ids"]) is not tuple or any(type(t) is not int for t in f["token_ids"]):
-        raise Finding(f"{where}: accepted token_ids of type {type(f['token_ids']).__name__} "
-                      f"{[type(t).__name__ for t in f['token_ids']][:3]}")
+        raise Finding(
+            f"{where}: accepted token_ids of type {type(f['token_ids']).__name__} "
+            f"{[type(t).__name__ for t in f['token_ids']][:3]}"
+        )
     if f["request_configs"] is not None and type(f["request_configs"]) is not dict:
         raise Finding(f"{where}: accepted request_configs={f['request_configs']!r}")
     _check_salt(f["cache_salt"], where)
@@ -232,14 +247,21 @@ def _check_ipc_invariants(k, where: str) -> None:
 def _check_salt(salt: str, where: str) -> None:
     bad = SALT_FORBIDDEN & set(salt)
     if bad or len(salt) > SALT_MAX:
-        raise Finding(f"{where}: accepted an invalid cache_salt {salt[:40]!r} (len {len(salt)}, forbidden {bad or '-'})")
+        raise Finding(
+            f"{where}: accepted an invalid cache_salt {salt[:40]!r} (len {len(salt)}, forbidden {bad or '-'})"
+        )
 
 
 def _check_objkey_invariants(k, where: str) -> None:
     if type(k) is not ObjectKey:
         raise Finding(f"{where}: returned {type(k).__name__}, not ObjectKey")
-    if type(k.chunk_hash) is not bytes or type(k.model_name) is not str or type(k.kv_rank) is not int \
-            or type(k.object_group_id) is not int or type(k.cache_salt) is not str:
+    if (
+        type(k.chunk_hash) is not bytes
+        or type(k.model_name) is not str
+        or type(k.kv_rank) is not int
+        or type(k.object_group_id) is not int
+        or type(k.cache_salt) is not str
+    ):
         raise Finding(f"{where}: accepted a key with wrong field types: {k!r}")
     if "@" in k.model_name or k.object_group_id < 0:
         raise Finding(f"{where}: accepted an invalid key: {k!r}")
@@ -249,8 +271,11 @@ def _check_objkey_invariants(k, where: str) -> None:
 #: The two codec pairs an IPCCacheServerKey goes through: the ZMQ transport's payload
 #: codec (the server decodes every IPCCacheServerKey frame with it) and the customized pair.
 IPC_CODECS = (
-    ("transport msgspec_encode/msgspec_decode",
-     lambda k: msgspec_encode(k, IPCCacheServerKey), lambda b: msgspec_decode(b, IPCCacheServerKey)),
+    (
+        "transport msgspec_encode/msgspec_decode",
+        lambda k: msgspec_encode(k, IPCCacheServerKey),
+        lambda b: msgspec_decode(b, IPCCacheServerKey),
+    ),
     ("get_customized_encoder/decoder", _ipc_enc.encode, _ipc_dec.decode),
 )
 
@@ -301,7 +326,9 @@ def check_key_strings(s: str) -> None:
             k, err = _common.outcome(parse, text)
             if err is not None:
                 if name == "fs filename":  # documented: None for anything unparsable
-                    raise Finding(f"{name} parser raised {type(err).__name__} on {text!r}: {err} (documented: returns None)")
+                    raise Finding(
+                        f"{name} parser raised {type(err).__name__} on {text!r}: {err} (documented: returns None)"
+                    )
                 if not isinstance(err, _common.CLEAN):
                     _unclean(f"{name} parser on {text!r}", err)
                 continue
@@ -312,8 +339,10 @@ def check_key_strings(s: str) -> None:
             _check_objkey_invariants(k, f"{name} parser on {text!r}")
             back, err = _common.outcome(parse, fmt(k))
             if back != k:
-                raise Finding(f"{name}: {text!r} parses to {k!r}, whose own name {fmt(k)!r} parses to "
-                              f"{back!r}{f' ({type(err).__name__}: {err})' if err else ''}")
+                raise Finding(
+                    f"{name}: {text!r} parses to {k!r}, whose own name {fmt(k)!r} parses to "
+                    f"{back!r}{f' ({type(err).__name__}: {err})' if err else ''}"
+                )
     k, err = _common.outcome(lambda: EncodedObjectKey(s, "m", 0).to_object_key())
     if err is not None and not isinstance(err, _common.CLEAN):
         _unclean(f"EncodedObjectKey.to_object_key on hex {s!r}", err)
@@ -328,8 +357,12 @@ def _fs_substitution(k):
 
 def check_objkey_struct(fields: dict) -> None:
     k, err = _common.outcome(ObjectKey, **fields)
-    violates = ("@" in fields["model_name"] or fields["object_group_id"] < 0
-                or bool(SALT_FORBIDDEN & set(fields["cache_salt"])) or len(fields["cache_salt"]) > SALT_MAX)
+    violates = (
+        "@" in fields["model_name"]
+        or fields["object_group_id"] < 0
+        or bool(SALT_FORBIDDEN & set(fields["cache_salt"]))
+        or len(fields["cache_salt"]) > SALT_MAX
+    )
     if err is not None:
         if not isinstance(err, ValueError) or not violates:
             raise Finding(f"ObjectKey({fields}) raised {type(err).__name__}: {err}")
@@ -357,9 +390,13 @@ def check_ipc_struct(fields: dict, other: dict, chunk_hashes: list[bytes]) -> No
     for f in (fields, other):
         k, err = _common.outcome(IPCCacheServerKey, **f)
         salt_ok = not (SALT_FORBIDDEN & set(f["cache_salt"])) and len(f["cache_salt"]) <= SALT_MAX
-        if (err is None) != (salt_ok and _tokens_ok(f[TOKENS])) or (err is not None and not isinstance(err, ValueError)):
-            raise Finding(f"IPCCacheServerKey(cache_salt={f['cache_salt'][:40]!r}, {TOKENS} of "
-                          f"{len(f[TOKENS])}) {'accepted' if err is None else f'raised {type(err).__name__}'}")
+        if (err is None) != (salt_ok and _tokens_ok(f[TOKENS])) or (
+            err is not None and not isinstance(err, ValueError)
+        ):
+            raise Finding(
+                f"IPCCacheServerKey(cache_salt={f['cache_salt'][:40]!r}, {TOKENS} of "
+                f"{len(f[TOKENS])}) {'accepted' if err is None else f'raised {type(err).__name__}'}"
+            )
         # The same fields as a wire map: the decoder must agree with the constructor.
         wire = _raw_enc.encode({n: v for n, v in f.items()})
         dk, derr = _common.outcome(msgspec_decode, wire, IPCCacheServerKey)
@@ -367,8 +404,10 @@ def check_ipc_struct(fields: dict, other: dict, chunk_hashes: list[bytes]) -> No
             _unclean("IPCCacheServerKey msgspec_decode of a generated map", derr)
             return
         if (dk is None) != (k is None):
-            raise Finding(f"constructor {'accepts' if k else 'rejects'} but the wire decoder "
-                          f"{'accepts' if dk else f'rejects ({derr})'} fields {f}")
+            raise Finding(
+                f"constructor {'accepts' if k else 'rejects'} but the wire decoder "
+                f"{'accepts' if dk else f'rejects ({derr})'} fields {f}"
+            )
         if k is None:
             return
         for name, enc, dec in IPC_CODECS:
@@ -382,8 +421,10 @@ def check_ipc_struct(fields: dict, other: dict, chunk_hashes: list[bytes]) -> No
     k1, k2 = made
     same_identity = all(fields[n] == other[n] for n in IPC_IDENTITY)
     if (k1 == k2) != same_identity or (same_identity and hash(k1) != hash(k2)):
-        raise Finding(f"IPC key equality: identity fields {'equal' if same_identity else 'differ'} but keys "
-                      f"compare {'equal' if k1 == k2 else 'unequal'}: {k1!r} vs {k2!r}")
+        raise Finding(
+            f"IPC key equality: identity fields {'equal' if same_identity else 'differ'} but keys "
+            f"compare {'equal' if k1 == k2 else 'unequal'}: {k1!r} vs {k2!r}"
+        )
 
     if any("@" in f["model_name"] for f in (fields, other)):
         # IPCCacheServerKey does not check model_name; ObjectKey rejects '@' (ValueError),
@@ -392,8 +433,10 @@ def check_ipc_struct(fields: dict, other: dict, chunk_hashes: list[bytes]) -> No
             if "@" in k.model_name:
                 _, err = _common.outcome(ipc_key_to_object_keys, k, chunk_hashes or [b"h"], [0])
                 if not isinstance(err, ValueError):
-                    raise Finding(f"model_name {k.model_name!r} with '@' was turned into ObjectKeys "
-                                  f"({'no error' if err is None else type(err).__name__})")
+                    raise Finding(
+                        f"model_name {k.model_name!r} with '@' was turned into ObjectKeys "
+                        f"({'no error' if err is None else type(err).__name__})"
+                    )
         return
     big = any(f["world_size"] > 255 for f in (fields, other))
     o1, o2 = (ipc_key_to_object_keys(k, chunk_hashes, [0])[0] for k in (k1, k2))
@@ -415,11 +458,16 @@ def check_ipc_struct(fields: dict, other: dict, chunk_hashes: list[bytes]) -> No
             raise Finding(f"different IPC key identities map to the same ObjectKey: {detail}")
     lk = k1.no_worker_id_version()
     expanded = ipc_key_to_object_keys(lk, chunk_hashes, [0])[0]
-    union = [o for w in range(lk.world_size)
-             for o in ipc_key_to_object_keys(dataclasses.replace(lk, worker_id=w), chunk_hashes, [0])[0]]
+    union = [
+        o
+        for w in range(lk.world_size)
+        for o in ipc_key_to_object_keys(dataclasses.replace(lk, worker_id=w), chunk_hashes, [0])[0]
+    ]
     if sorted(expanded, key=repr) != sorted(union, key=repr) or len(set(expanded)) != len(expanded):
-        detail = (f"world_size={lk.world_size}: lookup expands to {len(expanded)} keys, "
-                  f"{len(set(expanded))} distinct; the workers' keys: {len(union)}")
+        detail = (
+            f"world_size={lk.world_size}: lookup expands to {len(expanded)} keys, "
+            f"{len(set(expanded))} distinct; the workers' keys: {len(union)}"
+        )
         if lk.world_size > 255:
             _common.known("kv_rank_aliasing", detail)
         else:
@@ -450,28 +498,42 @@ def TestOneInput(data: bytes) -> None:
 # Hypothesis strategies, seeds, dictionary
 # ---------------------------------------------------------------------------
 
+
 def strategies():
     """Structured Hypothesis inputs: (name, strategy, body)."""
     from hypothesis import strategies as st
 
     salt_ok = st.text(st.characters(blacklist_characters="@/\\\x00"), max_size=12)
     salt_any = st.one_of(salt_ok, st.sampled_from(["a@b", "x/y", "\\", "\x00", "s" * 129]))
-    json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=False),
-                          st.text(max_size=8), st.binary(max_size=8))
-    json = st.recursive(json_leaf, lambda c: st.one_of(st.lists(c, max_size=3),
-                                                         st.dictionaries(st.text(max_size=4), c, max_size=3)),
-                        max_leaves=6)
+    json_leaf = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), 2**63 - 1),
+        st.floats(allow_nan=False),
+        st.text(max_size=8),
+        st.binary(max_size=8),
+    )
+    json = st.recursive(
+        json_leaf,
+        lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=4), c, max_size=3)),
+        max_leaves=6,
+    )
 
     @st.composite
     def ipc(draw):
         ws = draw(st.one_of(st.integers(1, 8), st.integers(1, 600)))
-        f = dict(model_name=draw(st.text(max_size=12)), world_size=ws,
-                 worker_id=draw(st.one_of(st.none(), st.integers(0, ws - 1))),
-                 **{TOKENS: tokens(draw(st.lists(st.integers(0, 2**32 - 1), max_size=20)))},
-                 start=draw(st.integers(-16, 64)), end=draw(st.integers(-16, 64)),
-                 request_id=draw(st.text(max_size=8)), cache_salt=draw(salt_any),
-                 request_configs=draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=6), json, max_size=3))),
-                 num_kv_readers=draw(st.integers(0, 8)))
+        f = dict(
+            model_name=draw(st.text(max_size=12)),
+            world_size=ws,
+            worker_id=draw(st.one_of(st.none(), st.integers(0, ws - 1))),
+            **{TOKENS: tokens(draw(st.lists(st.integers(0, 2**32 - 1), max_size=20)))},
+            start=draw(st.integers(-16, 64)),
+            end=draw(st.integers(-16, 64)),
+            request_id=draw(st.text(max_size=8)),
+            cache_salt=draw(salt_any),
+            request_configs=draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=6), json, max_size=3))),
+            num_kv_readers=draw(st.integers(0, 8)),
+        )
         other = dict(f)
         field = draw(st.sampled_from(IPC_FIELDS))
         if field == "world_size":
@@ -493,30 +555,69 @@ def strategies():
         hashes = draw(st.lists(st.binary(min_size=1, max_size=32), min_size=1, max_size=3))
         return f, other, hashes
 
-    objkey = st.fixed_dictionaries(dict(
-        chunk_hash=st.binary(max_size=32),
-        model_name=st.one_of(st.text(max_size=16), st.sampled_from(["org/model", f"org{FS_SEP}model", "a@b"])),
-        kv_rank=st.integers(-2**63, 2**63 - 1),
-        object_group_id=st.integers(-2, 300),
-        cache_salt=salt_any))
+    objkey = st.fixed_dictionaries(
+        dict(
+            chunk_hash=st.binary(max_size=32),
+            model_name=st.one_of(st.text(max_size=16), st.sampled_from(["org/model", f"org{FS_SEP}model", "a@b"])),
+            kv_rank=st.integers(-(2**63), 2**63 - 1),
+            object_group_id=st.integers(-2, 300),
+            cache_salt=salt_any,
+        )
+    )
     return [
         ("ipc_struct", ipc(), lambda x: check_ipc_struct(*x)),
         ("objkey_struct", objkey, check_objkey_struct),
-        ("key_strings", st.one_of(st.text(max_size=40),
-                                  st.builds(lambda *p: "@".join(p), *[st.text("0123456789abcdefxX-@/ _", max_size=10)] * 4)),
-         check_key_strings),
+        (
+            "key_strings",
+            st.one_of(
+                st.text(max_size=40),
+                st.builds(lambda *p: "@".join(p), *[st.text("0123456789abcdefxX-@/ _", max_size=10)] * 4),
+            ),
+            check_key_strings,
+        ),
     ]
 
 
 def seeds() -> dict[str, bytes]:
-    """Named seed inputs for fuzz/corpus/key_codec (written by tests/fuzz/seeds.py)."""
-    key = IPCCacheServerKey.from_token_ids("Qwen/Qwen3-8B", 2, 1, list(range(32)), 0, 32, "req-1", "tenant",
-                                           request_configs={"lmcache.tag": "x", "n": [1, 2.5, None]})
+    """Named seed inputs for tests/fuzz/corpus/key_codec (written by tests/fuzz/seeds.py)."""
+    key = IPCCacheServerKey.from_token_ids(
+        "Qwen/Qwen3-8B",
+        2,
+        1,
+        list(range(32)),
+        0,
+        32,
+        "req-1",
+        "tenant",
+        request_configs={"lmcache.tag": "x", "n": [1, 2.5, None]},
+    )
     okey = ObjectKey(bytes(range(32)), "Qwen/Qwen3-8B", ObjectKey.ComputeKVRank(2, 1, 2, 1), 1, "tenant")
     w = _common.Writer
-    ipc_struct = (w().u8(MODES.index("ipc_struct")).u8(16).u8(1).u16(0).text("salt").text("org/model")
-                  .u8(3).u32(1).u32(2).u32(3).i16(0).i16(16).text("req").u8(1).text("k").u8(4).text("v")
-                  .u8(1).u8(1).blob(bytes(32)).u8(3).bytes())
+    ipc_struct = (
+        w()
+        .u8(MODES.index("ipc_struct"))
+        .u8(16)
+        .u8(1)
+        .u16(0)
+        .text("salt")
+        .text("org/model")
+        .u8(3)
+        .u32(1)
+        .u32(2)
+        .u32(3)
+        .i16(0)
+        .i16(16)
+        .text("req")
+        .u8(1)
+        .text("k")
+        .u8(4)
+        .text("v")
+        .u8(1)
+        .u8(1)
+        .blob(bytes(32))
+        .u8(3)
+        .bytes()
+    )
     return {
         "ipc_key_msgpack": bytes([0]) + msgspec_encode(key, IPCCacheServerKey),
         "ipc_key_lookup_msgpack": bytes([0]) + msgspec_encode(key.no_worker_id_version(), IPCCacheServerKey),
@@ -525,20 +626,49 @@ def seeds() -> dict[str, bytes]:
         "s3_name": bytes([2]) + s3_l2_adapter._object_key_to_string(okey).encode(),
         "raw_block_key": bytes([2]) + raw_block.object_key_to_string(okey).encode(),
         "ipc_struct": ipc_struct,
-        "objkey_struct": w().u8(MODES.index("objkey_struct")).u8(2).text("org/model").text("t").blob(b"\x01\x02")
-                         .i64(16908545).u8(0).bytes(),
+        "objkey_struct": w()
+        .u8(MODES.index("objkey_struct"))
+        .u8(2)
+        .text("org/model")
+        .text("t")
+        .blob(b"\x01\x02")
+        .i64(16908545)
+        .u8(0)
+        .bytes(),
         # found by this target: '/' next to '-SEP-' does not survive the fs filename
-        "objkey_fs_sep_slash": w().u8(MODES.index("objkey_struct")).u8(0).text("a-SEP/-b").text("").blob(b"")
-                               .i64(0).u8(0).bytes(),
+        "objkey_fs_sep_slash": w()
+        .u8(MODES.index("objkey_struct"))
+        .u8(0)
+        .text("a-SEP/-b")
+        .text("")
+        .blob(b"")
+        .i64(0)
+        .u8(0)
+        .bytes(),
     }
 
 
 def dictionary() -> list[bytes]:
-    words = [f.encode() for f in IPC_FIELDS] + [b"chunk_hash", b"model_name", b"kv_rank", b"object_group_id",
-                                                b"@", b"/", b"\\", b"\x00", FS_SEP.encode(), b".data", b"0x",
-                                                b"%2F", b"%40"]
-    return words + [msgspec.msgpack.encode(f) for f in IPC_FIELDS] + [b"\x91" * 8, b"\xc0", b"\xc3", b"\xcb",
-                                                                        b"\xcf\xff\xff\xff\xff\xff\xff\xff\xff"]
+    words = [f.encode() for f in IPC_FIELDS] + [
+        b"chunk_hash",
+        b"model_name",
+        b"kv_rank",
+        b"object_group_id",
+        b"@",
+        b"/",
+        b"\\",
+        b"\x00",
+        FS_SEP.encode(),
+        b".data",
+        b"0x",
+        b"%2F",
+        b"%40",
+    ]
+    return (
+        words
+        + [msgspec.msgpack.encode(f) for f in IPC_FIELDS]
+        + [b"\x91" * 8, b"\xc0", b"\xc3", b"\xcb", b"\xcf\xff\xff\xff\xff\xff\xff\xff\xff"]
+    )
 
 
 if __name__ == "__main__":

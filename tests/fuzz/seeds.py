@@ -1,6 +1,6 @@
 """Write the seed corpora and libFuzzer dictionaries kept in the repo.
 
-    .venv/bin/python -m tests.fuzz.seeds           # rewrite fuzz/corpus/<target>/, fuzz/dicts/<target>.dict
+    .venv/bin/python -m tests.fuzz.seeds           # rewrite tests/fuzz/corpus/<target>/, tests/fuzz/dicts/<target>.dict
     .venv/bin/python -m tests.fuzz.seeds --check   # exit 1 if they are out of date
 
 Each target builds its seeds from LMCache's own encoders (`seeds()`, named
@@ -18,8 +18,8 @@ import sys
 from tests.fuzz import _common
 
 TARGETS = ("chunk_hash", "key_codec", "server_requests")
-CORPUS = _common.ROOT / "fuzz" / "corpus"
-DICTS = _common.ROOT / "fuzz" / "dicts"
+CORPUS = _common.ROOT / "tests" / "fuzz" / "corpus"
+DICTS = _common.ROOT / "tests" / "fuzz" / "dicts"
 
 
 def _module(target: str):

@@ -78,8 +78,9 @@ MAX_FRAMES = 16
 SPECS = get_rpc_specs()
 #: Well-formed requests of these operations are sent: they only read state.
 #: Every other operation is sent only when its frames do not decode (garbage).
-READ_ONLY = frozenset({"noop", "ping", "get_chunk_size", "get_experimental", "query_prefetch_status",
-                       "lookup", "cb_protocol_handshake"})
+READ_ONLY = frozenset(
+    {"noop", "ping", "get_chunk_size", "get_experimental", "query_prefetch_status", "lookup", "cb_protocol_handshake"}
+)
 NOOP = encode_operation("noop")
 NOOP_REPLY = msgspec.msgpack.encode("OK")
 CHUNK = 16
@@ -115,11 +116,38 @@ class Verdict:
 #: the wire format, not with a local decode: Hypothesis raises this process's
 #: recursion limit while it runs a test, so a local decode would not raise.
 DEEP_NESTING = 900
-_FIXED = {0xc0: 0, 0xc2: 0, 0xc3: 0, 0xca: 4, 0xcb: 8, 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2,
-          0xd2: 4, 0xd3: 8, 0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17}
-_SIZED = {0xc4: (1, 0), 0xc5: (2, 0), 0xc6: (4, 0), 0xc7: (1, 1), 0xc8: (2, 1), 0xc9: (4, 1), 0xd9: (1, 0),
-          0xda: (2, 0), 0xdb: (4, 0)}  # (length bytes, ext type byte)
-_CONTAINERS = {0xdc: (2, 1), 0xdd: (4, 1), 0xde: (2, 2), 0xdf: (4, 2)}  # (count bytes, items per count)
+_FIXED = {
+    0xC0: 0,
+    0xC2: 0,
+    0xC3: 0,
+    0xCA: 4,
+    0xCB: 8,
+    0xCC: 1,
+    0xCD: 2,
+    0xCE: 4,
+    0xCF: 8,
+    0xD0: 1,
+    0xD1: 2,
+    0xD2: 4,
+    0xD3: 8,
+    0xD4: 2,
+    0xD5: 3,
+    0xD6: 5,
+    0xD7: 9,
+    0xD8: 17,
+}
+_SIZED = {
+    0xC4: (1, 0),
+    0xC5: (2, 0),
+    0xC6: (4, 0),
+    0xC7: (1, 1),
+    0xC8: (2, 1),
+    0xC9: (4, 1),
+    0xD9: (1, 0),
+    0xDA: (2, 0),
+    0xDB: (4, 0),
+}  # (length bytes, ext type byte)
+_CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # (count bytes, items per count)
 
 
 def msgpack_depth(data: bytes) -> int:
@@ -133,22 +161,22 @@ def msgpack_depth(data: bytes) -> int:
         b = data[pos]
         pos += 1
         items = 0
-        if 0x80 <= b <= 0x8f:
-            items = 2 * (b & 0x0f)
-        elif 0x90 <= b <= 0x9f:
-            items = b & 0x0f
-        elif 0xa0 <= b <= 0xbf:
-            pos += b & 0x1f
+        if 0x80 <= b <= 0x8F:
+            items = 2 * (b & 0x0F)
+        elif 0x90 <= b <= 0x9F:
+            items = b & 0x0F
+        elif 0xA0 <= b <= 0xBF:
+            pos += b & 0x1F
         elif b in _FIXED:
             pos += _FIXED[b]
         elif b in _SIZED:
             w, ext = _SIZED[b]
-            pos += w + ext + int.from_bytes(data[pos:pos + w], "big")
+            pos += w + ext + int.from_bytes(data[pos : pos + w], "big")
         elif b in _CONTAINERS:
             w, per = _CONTAINERS[b]
-            items = per * int.from_bytes(data[pos:pos + w], "big")
+            items = per * int.from_bytes(data[pos : pos + w], "big")
             pos += w
-        elif b == 0xc1:
+        elif b == 0xC1:
             break
         if items:
             pending.append(items)
@@ -167,8 +195,10 @@ def _payload_error(operation: str, err: Exception, payloads: list[bytes]) -> Non
     elif isinstance(err, OverflowError):
         _common.known("int_payload_coercion", f"{operation} payload: OverflowError {err}")
     else:
-        raise Finding(f"decoding the payloads of {operation!r} raised {type(err).__name__}: {err} "
-                      f"(not a clean rejection; the server logs it and never answers)")
+        raise Finding(
+            f"decoding the payloads of {operation!r} raised {type(err).__name__}: {err} "
+            f"(not a clean rejection; the server logs it and never answers)"
+        )
 
 
 def mirror(frames: list[bytes]) -> Verdict:
@@ -192,8 +222,10 @@ def mirror(frames: list[bytes]) -> Verdict:
                 return Verdict(False, "known: deep operation frame")
             return Verdict(True, "deep operation frame")
         if not isinstance(err, (TypeError, ValueError)):
-            raise Finding(f"decode_operation raised {type(err).__name__}: {err}; the server's request loop "
-                          f"catches only TypeError/ValueError there, so this frame stops it")
+            raise Finding(
+                f"decode_operation raised {type(err).__name__}: {err}; the server's request loop "
+                f"catches only TypeError/ValueError there, so this frame stops it"
+            )
         return Verdict(True, "bad operation")
     raw_op = msgspec.msgpack.decode(b_op)
     if isinstance(raw_op, bool):
@@ -206,8 +238,10 @@ def mirror(frames: list[bytes]) -> Verdict:
             raw, raw_err = _common.outcome(msgspec.msgpack.decode, payload)
             val, val_err = _common.outcome(msgspec_decode, payload, cls)
             if val_err is None and raw_err is None and not isinstance(raw, int):
-                _common.known("int_payload_coercion", f"{operation}: {type(raw).__name__} {raw!r} accepted as "
-                                                      f"{cls.__name__} {val!r}")
+                _common.known(
+                    "int_payload_coercion",
+                    f"{operation}: {type(raw).__name__} {raw!r} accepted as {cls.__name__} {val!r}",
+                )
     _, err = _common.outcome(unwrap_request_payloads, payloads, list(spec.payload_types))
     if err is not None:
         if not isinstance(err, _common.CLEAN):
@@ -226,8 +260,16 @@ def mirror(frames: list[bytes]) -> Verdict:
 class Session:
     """One server, one fuzz socket, one engine holding a stored prompt, for many inputs."""
 
-    def __init__(self, server, ranks=None, *, check_every: int | None = None, reply_s: float | None = None,
-                 window_dir: str | None = None, server_pid: int | None = None):
+    def __init__(
+        self,
+        server,
+        ranks=None,
+        *,
+        check_every: int | None = None,
+        reply_s: float | None = None,
+        window_dir: str | None = None,
+        server_pid: int | None = None,
+    ):
         self.server = server
         self.ranks = ranks
         self.check_every = check_every or int(os.environ.get("LMCACHE_FUZZ_CHECK_EVERY", "100"))
@@ -258,18 +300,25 @@ class Session:
     def _open_engine(self) -> None:
         from fixtures.case.layout import KVLayout
         from fixtures.case.workload import PromptSpec
-        from fixtures.drivers.engine import Engine
+        from fixtures.drivers.rank_group import RankGroup
 
         if self.server.chunk_size != CHUNK:
             raise SuiteError(f"the fuzz server must run with chunk size {CHUNK}, not {self.server.chunk_size}")
-        self.engine = Engine(self.ranks, self.server, tp=1, mode="lmcache_driven",
-                             layout=KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4), model_name=MODEL)
+        self.engine = RankGroup(
+            self.ranks,
+            self.server,
+            tp=1,
+            mode="lmcache_driven",
+            layout=KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4),
+            model_name=MODEL,
+        )
         self.stored = PromptSpec(90_001, 3 * CHUNK + 5).tokens()  # 3 chunks + a partial one
-        self.fresh = PromptSpec(90_002, 3 * CHUNK).tokens()       # never stored by anyone
+        self.fresh = PromptSpec(90_002, 3 * CHUNK).tokens()  # never stored by anyone
         blocks = self.engine.alloc(len(self.stored) // CHUNK)
-        self.engine.prefill(self.stored[:3 * CHUNK], blocks)
-        (reports,) = self.engine.store(f"fuzz-store-{uuid.uuid4().hex[:8]}", self.stored,
-                                       [(0, 3 * CHUNK, blocks)], SALT)
+        self.engine.prefill(self.stored[: 3 * CHUNK], blocks)
+        (reports,) = self.engine.store(
+            f"fuzz-store-{uuid.uuid4().hex[:8]}", self.stored, [(0, 3 * CHUNK, blocks)], SALT
+        )
         if not all(r.ok and r.finished for r in reports):
             raise HarnessError(f"the fuzz session could not store its prompt: {reports}")
         deadline = time.monotonic() + 15  # the server commits a store asynchronously
@@ -278,8 +327,10 @@ class Session:
         self.stored_hit = hit
         fresh_hit = self._lookup(self.fresh)
         if self.stored_hit != 3 * CHUNK or fresh_hit != 0:
-            raise HarnessError(f"before fuzzing: the stored prompt hits {self.stored_hit} (want {3 * CHUNK}), "
-                               f"the fresh one {fresh_hit} (want 0)")
+            raise HarnessError(
+                f"before fuzzing: the stored prompt hits {self.stored_hit} (want {3 * CHUNK}), "
+                f"the fresh one {fresh_hit} (want 0)"
+            )
 
     def _lookup(self, tokens) -> int:
         rid = f"fuzz-q-{uuid.uuid4().hex[:12]}"
@@ -320,10 +371,13 @@ class Session:
                 msg = self.sock.recv_multipart()
                 if msg[0] == b_uid and msg[1:] == [NOOP, NOOP_REPLY]:
                     return
-        self._broken(ServerUnresponsive(
-            f"the server did not answer a noop within {self.reply_s:g} s {when}; "
-            f"process {'alive' if self._process_alive() else 'DEAD'}, "
-            f"/healthcheck {'200' if self.server.is_alive() else 'not answering'}"))
+        self._broken(
+            ServerUnresponsive(
+                f"the server did not answer a noop within {self.reply_s:g} s {when}; "
+                f"process {'alive' if self._process_alive() else 'DEAD'}, "
+                f"/healthcheck {'200' if self.server.is_alive() else 'not answering'}"
+            )
+        )
 
     def _process_alive(self) -> bool:
         proc = getattr(self.server, "proc", None)
@@ -365,8 +419,10 @@ class Session:
             d.mkdir(parents=True, exist_ok=True)
             for i, data in enumerate(self.window):
                 (d / f"{i:05d}").write_bytes(data)
-            err = type(err)(f"{err}\nthe {len(self.window)} inputs since the last passing check are in {d}; "
-                            f"replay them in order: .venv/bin/python tests/fuzz/server_requests.py {d}/*")
+            err = type(err)(
+                f"{err}\nthe {len(self.window)} inputs since the last passing check are in {d}; "
+                f"replay them in order: .venv/bin/python tests/fuzz/server_requests.py {d}/*"
+            )
         raise err
 
     def close(self) -> None:
@@ -400,8 +456,9 @@ def suite_server(harness, options):
 def _key(tokens, **kw):
     from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
 
-    return IPCCacheServerKey.from_token_ids(MODEL, 1, kw.pop("worker_id", None), list(tokens), 0, len(tokens),
-                                            kw.pop("request_id", "fuzz-seed"), SALT, **kw)
+    return IPCCacheServerKey.from_token_ids(
+        MODEL, 1, kw.pop("worker_id", None), list(tokens), 0, len(tokens), kw.pop("request_id", "fuzz-seed"), SALT, **kw
+    )
 
 
 def _request(operation: str, *payloads, uid: int = 7, legacy: bool = False) -> list[bytes]:
@@ -442,28 +499,38 @@ def seed_requests() -> dict[str, list[bytes]]:
         "end_session": _request("end_session", "fuzz-seed"),
         "clear": _request("clear", False),
         "unregister_kv_cache": _request("unregister_kv_cache", 4242),
-        "register_kv_cache_ext": [encode_request_uid(7), msgspec.msgpack.encode("register_kv_cache"),
-                                  msgspec.msgpack.encode(4242), ipc_ext, msgspec.msgpack.encode(MODEL),
-                                  msgspec.msgpack.encode(1)],
-        "p2p_lookup_and_lock": _request("p2p_lookup_and_lock", [ok],
-                                        {0: MemoryLayoutDesc([torch.Size([2, 16, 4])], [torch.float16])}),
-        "report_block_allocation": _request("report_block_allocation", 4242, MODEL,
-                                            [BlockAllocationRecord("r", [1], [5])]),
+        "register_kv_cache_ext": [
+            encode_request_uid(7),
+            msgspec.msgpack.encode("register_kv_cache"),
+            msgspec.msgpack.encode(4242),
+            ipc_ext,
+            msgspec.msgpack.encode(MODEL),
+            msgspec.msgpack.encode(1),
+        ],
+        "p2p_lookup_and_lock": _request(
+            "p2p_lookup_and_lock", [ok], {0: MemoryLayoutDesc([torch.Size([2, 16, 4])], [torch.float16])}
+        ),
+        "report_block_allocation": _request(
+            "report_block_allocation", 4242, MODEL, [BlockAllocationRecord("r", [1], [5])]
+        ),
         "cb_protocol_handshake": _request("cb_protocol_handshake", 1),
         "server_module_call": _request("server_module_call", ServerModuleCallRequest("x.echo", b"hi")),
         "stream_ack": [encode_request_uid(7), b"", b"ack"],
         "unknown_operation": [encode_request_uid(7), msgspec.msgpack.encode("no_such_op")],
         "unknown_legacy_id": [encode_request_uid(7), msgspec.msgpack.encode(11)],
         "bool_operation": [encode_request_uid(7), b"\xc3"],
-        "float_int_payload": [encode_request_uid(7), msgspec.msgpack.encode("cb_protocol_handshake"),
-                              msgspec.msgpack.encode(7.9)],
+        "float_int_payload": [
+            encode_request_uid(7),
+            msgspec.msgpack.encode("cb_protocol_handshake"),
+            msgspec.msgpack.encode(7.9),
+        ],
         "single_frame": [b"x"],
         "deep_operation_frame": [encode_request_uid(7), b"\x91" * 1100],
     }
 
 
 def seeds() -> dict[str, bytes]:
-    """Named seed inputs for fuzz/corpus/server_requests (written by tests/fuzz/seeds.py)."""
+    """Named seed inputs for tests/fuzz/corpus/server_requests (written by tests/fuzz/seeds.py)."""
     return {name: input_of(frames) for name, frames in seed_requests().items()}
 
 
@@ -483,9 +550,9 @@ def inputs():
             i = draw(st.integers(0, len(frames) - 1))
             if how == "flip" and frames[i]:
                 j = draw(st.integers(0, len(frames[i]) - 1))
-                frames[i] = frames[i][:j] + bytes([frames[i][j] ^ draw(st.integers(1, 255))]) + frames[i][j + 1:]
+                frames[i] = frames[i][:j] + bytes([frames[i][j] ^ draw(st.integers(1, 255))]) + frames[i][j + 1 :]
             elif how == "truncate":
-                frames[i] = frames[i][:draw(st.integers(0, len(frames[i])))]
+                frames[i] = frames[i][: draw(st.integers(0, len(frames[i])))]
             elif how == "drop" and len(frames) > 2:
                 del frames[i]
             elif how == "dup" and len(frames) < MAX_FRAMES:
@@ -507,8 +574,21 @@ def dictionary() -> list[bytes]:
     words = [FRAME_SEP, b"\xc0", b"\xc2", b"\xc3", b"\x90", b"\x80", b"\x91\x91\x91\x91", b"\xa3ack", b"cancel"]
     words += [msgspec.msgpack.encode(op) for op in SPECS]
     words += [msgspec.msgpack.encode(i) for i in LEGACY_OPERATION_IDS.values()]
-    words += [msgspec.msgpack.encode(w) for w in ("model_name", "world_size", "worker_id", "token_ids", "start",
-                                                   "end", "request_id", "cache_salt", "num_kv_readers", MODEL)]
+    words += [
+        msgspec.msgpack.encode(w)
+        for w in (
+            "model_name",
+            "world_size",
+            "worker_id",
+            "token_ids",
+            "start",
+            "end",
+            "request_id",
+            "cache_salt",
+            "num_kv_readers",
+            MODEL,
+        )
+    ]
     return words
 
 
@@ -528,7 +608,7 @@ def TestOneInput(data: bytes) -> None:
 def _start_session() -> tuple[Session, list]:
     """The server (external or started here), a one-rank pool, the session. Returns what to close."""
     from fixtures.case.server import ServerOptions
-    from fixtures.drivers.engine import RankPool
+    from fixtures.drivers.rank_group import RankPool
     from fixtures.drivers.server import ExternalServer, LMCacheServer
 
     closers: list = []
@@ -593,9 +673,12 @@ def _run() -> None:
         try:
             if not _SESSION.broken:
                 _SESSION.deep_check(when=f"at the end ({_SESSION.inputs} inputs)")
-                print(f"server_requests: final check passed after {_SESSION.inputs} inputs "
-                      f"({', '.join(f'{k}: {v}' for k, v in _SESSION.stats.most_common(6))})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"server_requests: final check passed after {_SESSION.inputs} inputs "
+                    f"({', '.join(f'{k}: {v}' for k, v in _SESSION.stats.most_common(6))})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         except Finding as e:
             print(f"server_requests: FINAL CHECK FAILED: {e}", file=sys.stderr, flush=True)
             failed = True

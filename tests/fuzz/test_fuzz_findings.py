@@ -100,8 +100,15 @@ def test_unknown_dtype_name_is_rejected_cleanly():
 
 @_xfail("deep_nesting_recursion")
 def test_deeply_nested_request_configs_is_rejected_cleanly():
-    key = {"model_name": "m", "world_size": 1, "worker_id": 0, key_codec.TOKENS: key_codec.tokens(()), "start": 0,
-           "end": 0, "request_id": "r"}
+    key = {
+        "model_name": "m",
+        "world_size": 1,
+        "worker_id": 0,
+        key_codec.TOKENS: key_codec.tokens(()),
+        "start": 0,
+        "end": 0,
+        "request_id": "r",
+    }
     wire = msgspec.msgpack.encode(key)
     wire = bytes([wire[0] + 1]) + wire[1:] + msgspec.msgpack.encode("request_configs") + b"\x81\xa1a" + b"\x91" * 1000
     with _common.hit_known():
@@ -111,13 +118,24 @@ def test_deeply_nested_request_configs_is_rejected_cleanly():
 @_xfail("fs_model_name_sep")
 def test_fs_filename_round_trip_keeps_the_model_name():
     with _common.hit_known():
-        key_codec.check_objkey_struct(dict(chunk_hash=b"\x01", model_name="a-SEP-b", kv_rank=0,
-                                           object_group_id=0, cache_salt=""))
+        key_codec.check_objkey_struct(
+            dict(chunk_hash=b"\x01", model_name="a-SEP-b", kv_rank=0, object_group_id=0, cache_salt="")
+        )
 
 
 @_xfail("kv_rank_aliasing")
 def test_workers_of_one_group_get_distinct_object_keys():
-    worker0 = {"model_name": "m", "world_size": 257, "worker_id": 0, key_codec.TOKENS: key_codec.tokens(()), "start": 0,
-               "end": 0, "request_id": "r", "cache_salt": "", "request_configs": None, "num_kv_readers": 1}
+    worker0 = {
+        "model_name": "m",
+        "world_size": 257,
+        "worker_id": 0,
+        key_codec.TOKENS: key_codec.tokens(()),
+        "start": 0,
+        "end": 0,
+        "request_id": "r",
+        "cache_salt": "",
+        "request_configs": None,
+        "num_kv_readers": 1,
+    }
     with _common.hit_known():
         key_codec.check_ipc_struct(worker0, dict(worker0, worker_id=256), [b"h"])

@@ -28,8 +28,14 @@ from tests.fuzz._common import Finding
 
 pytestmark = pytest.mark.fuzz
 
-HUNT = settings(max_examples=300, derandomize=True, database=None, deadline=None,
-                phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+HUNT = settings(
+    max_examples=300,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 
 _hash_tokens = TokenHasher.hash_tokens
 _compute = TokenHasher.compute_chunk_hashes
@@ -51,7 +57,7 @@ def _hash_partial_chunk(self, token_ids, prefix_hash=None, start=0, end=None):
     out = _compute(self, token_ids, prefix_hash, start, end)
     n = min(len(token_ids), end) if end is not None else len(token_ids)
     if n > 0 and n % self.chunk_size:
-        out.append(_hash_tokens(self, token_ids[n - n % self.chunk_size:n], out[-1] if out else None))
+        out.append(_hash_tokens(self, token_ids[n - n % self.chunk_size : n], out[-1] if out else None))
     return out
 
 
@@ -101,16 +107,34 @@ KEY_MUTANTS = {
     # the wire decoder stops validating cache_salt
     "salt_not_validated": ("ipc_struct", lambda mp: mp.setattr(IPCCacheServerKey, "__post_init__", lambda self: None)),
     # every worker of a group gets the same kv_rank
-    "kv_rank_ignores_worker": ("ipc_struct", lambda mp: mp.setattr(
-        ObjectKey, "ComputeKVRank", staticmethod(lambda world_size, global_rank, local_world_size, local_rank:
-                                                 (world_size << 24) | (local_world_size << 8)))),
+    "kv_rank_ignores_worker": (
+        "ipc_struct",
+        lambda mp: mp.setattr(
+            ObjectKey,
+            "ComputeKVRank",
+            staticmethod(
+                lambda world_size, global_rank, local_world_size, local_rank: (
+                    (world_size << 24) | (local_world_size << 8)
+                )
+            ),
+        ),
+    ),
     # EncodedObjectKey loses the salt
-    "encoded_key_drops_salt": ("objkey_struct", lambda mp: mp.setattr(
-        EncodedObjectKey, "to_object_key", lambda self: ObjectKey(bytes.fromhex(self.chunk_hash_hex), self.model_name,
-                                                                  self.kv_rank, self.object_group_id))),
+    "encoded_key_drops_salt": (
+        "objkey_struct",
+        lambda mp: mp.setattr(
+            EncodedObjectKey,
+            "to_object_key",
+            lambda self: ObjectKey(
+                bytes.fromhex(self.chunk_hash_hex), self.model_name, self.kv_rank, self.object_group_id
+            ),
+        ),
+    ),
     # the fs filename parser forgets the object group
-    "fs_parse_drops_group": ("objkey_struct", lambda mp: mp.setattr(
-        fs_l2_adapter, "_filename_to_object_key", _fs_parse_dropping_group)),
+    "fs_parse_drops_group": (
+        "objkey_struct",
+        lambda mp: mp.setattr(fs_l2_adapter, "_filename_to_object_key", _fs_parse_dropping_group),
+    ),
 }
 
 

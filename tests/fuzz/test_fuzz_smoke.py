@@ -2,7 +2,7 @@
 
 The same functions atheris calls (TestOneInput, and the structured bodies the
 targets expose) run on `st.binary()` and on structured strategies; the seed
-corpora in fuzz/corpus run as fixed examples. Under the `ci` profile the runs
+corpora in tests/fuzz/corpus run as fixed examples. Under the `ci` profile the runs
 are derandomized (conftest.py); `budget()` scales them with the profile.
 """
 
@@ -33,22 +33,25 @@ def corpus(target: str) -> list[bytes]:
 
 
 def test_seed_files_are_current():
-    """fuzz/corpus and fuzz/dicts are what tests/fuzz/seeds.py builds from the installed LMCache."""
+    """tests/fuzz/corpus and tests/fuzz/dicts are what tests/fuzz/seeds.py builds from the installed LMCache."""
     from fixtures.compat.known_issues import holds_on, installed_lmcache
     from fixtures.compat.preflight import pinned
 
     if not holds_on(f"=={pinned()['lmcache']}"):
         # the committed files are built from the pinned build; another build's messages differ
         # (0.5.7: token_bytes keys). They still serve as seeds there; the fuzz tests run.
-        pytest.skip(f"the committed seeds are built from the pinned lmcache {pinned()['lmcache']}; "
-                    f"installed {installed_lmcache()}: not compared")
+        pytest.skip(
+            f"the committed seeds are built from the pinned lmcache {pinned()['lmcache']}; "
+            f"installed {installed_lmcache()}: not compared"
+        )
     assert seeds.main(["--check"]) == 0, "seeds or dictionaries out of date: run .venv/bin/python -m tests.fuzz.seeds"
 
 
 def spliced(target: str):
     """A seed input with a few random bytes inserted in the middle (what a mutation does)."""
     return st.tuples(st.sampled_from(corpus(target)), st.binary(min_size=1, max_size=8)).map(
-        lambda sj: sj[0][:len(sj[0]) // 2] + sj[1] + sj[0][len(sj[0]) // 2:])
+        lambda sj: sj[0][: len(sj[0]) // 2] + sj[1] + sj[0][len(sj[0]) // 2 :]
+    )
 
 
 # -- chunk_hash ---------------------------------------------------------------
@@ -125,9 +128,13 @@ def test_server_requests(fuzz_session):
     # No shrinking: the server carries state from one example to the next, so a
     # failure is reported as the input that showed it (and the check that did).
     @settings(max_examples=budget(20), phases=[Phase.explicit, Phase.generate])
-    @given(st.one_of(server_requests.inputs(),
-                     st.lists(st.binary(max_size=48), min_size=2, max_size=6).map(server_requests.input_of),
-                     st.binary(max_size=256)))
+    @given(
+        st.one_of(
+            server_requests.inputs(),
+            st.lists(st.binary(max_size=48), min_size=2, max_size=6).map(server_requests.input_of),
+            st.binary(max_size=256),
+        )
+    )
     def run(data):
         fuzz_session.one_input(data)
 
