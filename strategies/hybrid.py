@@ -135,6 +135,8 @@ def connector_cases(
         faults=faults,
         device=device,
         connector=connector,
+        # LMCache's own path as well as the route-arounds (shrinks toward the route-arounds)
+        route_arounds=draw(st.sampled_from([True, False])),
     )
 
 

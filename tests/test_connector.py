@@ -64,7 +64,7 @@ def check_case(harness, case: ConnectorCase, names=ci.ALL):
     )
     for n in set(obs.notes):
         event(f"note: {n}")
-    found = ci.check(obs, names)
+    found = ci.judge(obs, names)
     if found:
         verdicts.fail(found, ci.report(obs, found), kind="connector", case=case.to_json(), names=names)
     return obs

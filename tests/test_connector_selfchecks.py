@@ -99,7 +99,7 @@ def test_connector_fault_is_caught_and_shrunk(harness, check):
             except (HarnessError, ValueError) as e:
                 refusals.skip_if_refused(e)  # a build that refuses the layout: one line
                 raise
-        return ci.check(obs, (check.invariant,))
+        return ci.judge(obs, (check.invariant,))
 
     servers = set()
     try:

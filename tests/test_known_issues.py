@@ -19,6 +19,8 @@ from fixtures.compat import capabilities as caps
 from fixtures.compat import refusals
 from fixtures.compat.known_issues import (
     ABORT_BEFORE_LOOKUP_LOCK_LEAK,
+    CONNECTOR_SCHEDULER_FIELDS,
+    CONNECTOR_SCHEDULER_FIELDS_VLLM,
     L1_READ_OVERCOUNT,
     NULL_BLOCK_WRITE,
     UP_TO,
@@ -93,6 +95,10 @@ class LocksLeaked(Finding):
 
 class BuiltinConnectorBroken(Finding):
     pass
+
+
+class ConnectorBrokenUnderThisScheduler(Finding):
+    """LMCacheMPConnector reads a field of vLLM's scheduler output that this vLLM does not have."""
 
 
 def _setup(ok: bool, what: str) -> None:
@@ -741,6 +747,31 @@ def test_vllms_builtin_connector_is_constructed_against_this_lmcache(harness):
     if err is not None and not err.startswith("TypeError"):
         raise HarnessError(f"vLLM's builtin connector failed for a reason this pin does not name: {err}")
     _seen(BuiltinConnectorBroken, err is None, f"vLLM's builtin connector does not construct: {err}")
+
+
+@pytest.mark.connector
+@known_issue(
+    CONNECTOR_SCHEDULER_FIELDS,
+    vllm=CONNECTOR_SCHEDULER_FIELDS_VLLM,
+    raises=ConnectorBrokenUnderThisScheduler,
+    reason="LMCache 0.5.6-0.5.7rc2 + vLLM 0.34: LMCacheMPConnector.build_connector_meta reads "
+    "CachedRequestData.resumed_req_ids, which vLLM 0.34 dropped: every scheduler step with a "
+    "running request raises AttributeError (the whole connector tier fails on this pairing)",
+)
+def test_lmcaches_connector_runs_under_this_vllms_scheduler(harness):
+    """The smallest report flow (one layer, TP1, two chunks, a second request) through vLLM's own
+    Scheduler: on a pairing whose scheduler output lacks a field the connector reads, the first
+    step with a running request raises AttributeError naming it."""
+    connector, ModelShape = _connector()
+    shape = ModelShape("llama", 1, ("full",), num_kv_heads=1, head_dim=16)
+    n = 2 * resolved_block_size(shape) + 3
+    case = ConnectorCase(shape, tp=1, first=PromptSpec(5, n), second=PromptSpec(5, n), max_tokens=2)
+    try:
+        connector.run_case(harness, case)
+    except AttributeError as e:
+        if "CachedRequestData" not in str(e) and "resumed_req_ids" not in str(e):
+            raise
+        _seen(ConnectorBrokenUnderThisScheduler, False, f"a scheduler step raised {type(e).__name__}: {e}")
 
 
 @pytest.mark.connector

@@ -1,0 +1,163 @@
+"""Known-issue signatures (fixtures/oracle/signatures.py) match the fact they name and nothing
+near it: a signature that matched something else would set a real failure aside."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+
+from fixtures.case.connector import ConnectorCase
+from fixtures.case.model import ModelShape
+from fixtures.case.workload import PromptSpec
+from fixtures.compat.known_issues import holds_on
+from fixtures.oracle import signatures as S
+from fixtures.errors import HarnessError
+from fixtures.oracle.verdicts import Violation
+
+GDN = ModelShape("qwen3_next", 2, ("gdn", "full"))
+SLIDING = ModelShape("gemma3_text", 2, ("sliding", "full"))
+
+in_range = pytest.mark.skipif(
+    not all(holds_on(s.builds) for s in S.SIGNATURES),
+    reason="the installed LMCache is outside a signature's range: its matches are off (tested below)",
+)
+
+
+def _obs(shape, *, own_path=True, stale=(), freed=0):
+    layers = {
+        "model.layers.0.linear_attn": (0, (8, 4), "bfloat16"),
+        "model.layers.1.self_attn": (1, (8, 4), "bfloat16"),
+    }
+    return types.SimpleNamespace(
+        case=ConnectorCase(shape, route_arounds=not own_path),
+        infos=[{"stale_views": list(stale), "layers": layers}],
+        freed_while_storing=freed,
+    )
+
+
+def _v(kind, group, invariant="restored_bit_identical", rank=0):
+    return Violation(invariant, "...", {"rank": rank, "group": group, "kind": kind})
+
+
+def _name(obs, v):
+    s = S.known(obs, v)
+    return s.name if s else None
+
+
+@in_range
+def test_the_stale_gdn_view_signature_matches_only_its_fact():
+    stale = ("model.layers.0.linear_attn",)
+    assert _name(_obs(GDN, stale=stale), _v("gdn", 0)) == "shm_migration_stale_gdn_views"
+    # near misses: the route-arounds on; no stale view; a stale view of another group; an
+    # attention group; another invariant; another rank
+    assert _name(_obs(GDN, own_path=False, stale=stale), _v("gdn", 0)) is None
+    assert _name(_obs(GDN), _v("gdn", 0)) is None
+    assert _name(_obs(GDN, stale=("model.layers.1.self_attn",)), _v("gdn", 0)) is None
+    assert _name(_obs(GDN, stale=stale), _v("full", 1)) is None
+    assert _name(_obs(GDN, stale=stale), _v("gdn", 0, invariant="told_equals_restored")) is None
+    assert _name(_obs(GDN, stale=stale), _v("gdn", 0, invariant="bytes_per_group")) == "shm_migration_stale_gdn_views"
+    assert _name(_obs(GDN, stale=stale), _v("gdn", 0, rank=1)) is None
+
+
+@in_range
+def test_the_wait_for_save_signature_matches_only_its_fact():
+    assert _name(_obs(SLIDING, freed=2), _v("sliding", 0)) == "wait_for_save_returns_before_stores_end"
+    # near misses: no step freed a block while a store was in flight; the route-arounds on; a
+    # full-attention group; another invariant
+    assert _name(_obs(SLIDING, freed=0), _v("sliding", 0)) is None
+    assert _name(_obs(SLIDING, own_path=False, freed=2), _v("sliding", 0)) is None
+    assert _name(_obs(SLIDING, freed=2), _v("full", 1)) is None
+    assert _name(_obs(SLIDING, freed=2), _v("sliding", 0, invariant="told_equals_restored")) is None
+
+
+def test_a_signature_is_off_outside_its_builds():
+    off = tuple(dataclasses.replace(s, builds="==0.0.1") for s in S.SIGNATURES)
+    obs = _obs(GDN, stale=("model.layers.0.linear_attn",))
+    assert S.known(obs, _v("gdn", 0), off) is None
+    assert S.set_aside(obs, [_v("gdn", 0)], off) == ([_v("gdn", 0)], [])
+
+
+@in_range
+def test_an_example_is_set_aside_only_when_every_violation_is_known():
+    obs = _obs(GDN, stale=("model.layers.0.linear_attn",))
+    known, other = _v("gdn", 0), _v("full", 1)
+    assert S.set_aside(obs, [known]) == ([], ["shm_migration_stale_gdn_views"])
+    assert S.set_aside(obs, [known, other]) == ([known, other], [])
+    assert S.set_aside(obs, []) == ([], [])
+
+
+TINY_GDN = ModelShape(
+    "qwen3_next",
+    2,
+    ("gdn", "full"),
+    num_kv_heads=1,
+    head_dim=16,
+    linear_key_heads=1,
+    linear_value_heads=2,
+    linear_head_dim=16,
+    block_size=16,
+    mamba_cache_mode="align",
+)
+
+
+@pytest.mark.connector
+@pytest.mark.parametrize("mutant", [False, True], ids=["own-path", "mutant-route-around-back-on"])
+def test_a_case_on_lmcaches_own_path_runs_it_unpatched(harness, monkeypatch, mutant):
+    """ConnectorCase(route_arounds=False) runs LMCache's own path: on a build where the shm
+    migration issue is known, the GDN state it restores is the known wrong one, and the example
+    is set aside by that signature. The mutant harness re-enables the route-around without saying
+    so (the pool hands out an engine that re-points the views): the claim must then fail."""
+    from fixtures.compat import capabilities as caps
+    from fixtures.drivers import connector
+    from fixtures.oracle import connector_invariants as ci
+
+    caps.require("connector:lmcache")
+    if not holds_on(S.SHM_MIGRATION_BUILDS):
+        pytest.skip(f"the shm migration issue is not known on this build ({S.SHM_MIGRATION_BUILDS})")
+    case = ConnectorCase(
+        TINY_GDN,
+        tp=1,
+        separate_object_groups=True,
+        first=PromptSpec(4, 200),
+        second=PromptSpec(4, 200),
+        route_arounds=False,
+    )
+    made = []
+    if mutant:
+
+        def get(server, c, *, num_blocks, max_model_len):
+            eng = connector.ConnectorEngine(
+                harness,
+                server,
+                c.shape,
+                tp=c.tp,
+                num_blocks=num_blocks,
+                max_num_batched_tokens=c.max_num_batched_tokens,
+                max_model_len=max_model_len,
+            )
+            made.append(eng)
+            return eng
+
+        monkeypatch.setattr(harness.connector_engines, "get", get)
+    try:
+        obs = connector.run_case(harness, case)
+    finally:
+        for eng in made:
+            eng.close()
+    if not obs.retrieve_ops:
+        raise HarnessError("request 2 was not served from LMCache: the case shows nothing")
+    rest, matched = S.set_aside(obs, ci.check(obs))
+
+    def claim():
+        assert not rest, f"violations no known signature explains: {rest}"
+        assert matched == ["shm_migration_stale_gdn_views"], (
+            f"LMCache's own path showed no stale GDN state view (matched: {matched}): is it patched?"
+        )
+
+    if mutant:
+        with pytest.raises(AssertionError, match="is it patched"):
+            claim()
+    else:
+        claim()
