@@ -275,20 +275,12 @@ def _connector():
 
 
 def _tiny_gdn(ModelShape, **kw):
-    """The smallest hybrid model: one GDN and one full-attention layer, one KV head."""
-    args = (
-        dict(
-            num_kv_heads=1,
-            head_dim=16,
-            linear_key_heads=1,
-            linear_value_heads=2,
-            linear_head_dim=16,
-            block_size=16,
-            mamba_cache_mode="align",
-        )
-        | kw
-    )
-    return ModelShape("qwen3_next", 2, ("gdn", "full"), **args)
+    """The smallest hybrid model (fixtures.case.model.TINY_GDN), with `kw` changed."""
+    import dataclasses
+
+    from fixtures.case.model import TINY_GDN
+
+    return dataclasses.replace(TINY_GDN, **kw)
 
 
 @pytest.mark.connector

@@ -9,7 +9,7 @@ import types
 import pytest
 
 from fixtures.case.connector import ConnectorCase
-from fixtures.case.model import ModelShape
+from fixtures.case.model import TINY_GDN, ModelShape
 from fixtures.case.workload import PromptSpec
 from fixtures.compat.known_issues import holds_on
 from fixtures.oracle import signatures as S
@@ -86,20 +86,6 @@ def test_an_example_is_set_aside_only_when_every_violation_is_known():
     assert S.set_aside(obs, [known]) == ([], ["shm_migration_stale_gdn_views"])
     assert S.set_aside(obs, [known, other]) == ([known, other], [])
     assert S.set_aside(obs, []) == ([], [])
-
-
-TINY_GDN = ModelShape(
-    "qwen3_next",
-    2,
-    ("gdn", "full"),
-    num_kv_heads=1,
-    head_dim=16,
-    linear_key_heads=1,
-    linear_value_heads=2,
-    linear_head_dim=16,
-    block_size=16,
-    mamba_cache_mode="align",
-)
 
 
 @pytest.mark.connector
