@@ -19,8 +19,6 @@ from fixtures.compat import capabilities as caps
 from fixtures.compat import refusals
 from fixtures.compat.known_issues import (
     ABORT_BEFORE_LOOKUP_LOCK_LEAK,
-    CONNECTOR_SCHEDULER_FIELDS,
-    CONNECTOR_SCHEDULER_FIELDS_VLLM,
     L1_READ_OVERCOUNT,
     NULL_BLOCK_WRITE,
     UP_TO,
@@ -667,6 +665,13 @@ def test_an_abort_before_the_lookup_is_consumed_releases_its_locks(harness):
         )
     finally:
         harness.release(cfg.server())
+
+
+#: LMCacheMPConnector reads CachedRequestData.resumed_req_ids, which vLLM 0.34 dropped: every
+#: scheduler step with a running request raises AttributeError in build_connector_meta (read in
+#: 0.5.6's and 0.5.7rc2's connector source; the capability probe reads it for any pairing)
+CONNECTOR_SCHEDULER_FIELDS = f">=0.5.6,{UP_TO}"
+CONNECTOR_SCHEDULER_FIELDS_VLLM = ">=0.34.0"
 
 
 #: measured: vLLM 0.33.0 and 0.34.0 (ci/matrix.sh --vllm 0.34.0), every lmcache from 0.5.0 to 0.5.6
