@@ -101,15 +101,16 @@ LAYOUTS = {
 LAYOUTS["dense-vllm_builtin"] = replace(LAYOUTS["dense"], connector="vllm_builtin")
 
 
-def tour(cfg: BusyConfig) -> list[tuple[str, dict]]:
-    """A fixed program that fires every rule where each has something to act on."""
+def tour(cfg: BusyConfig, own_path: bool = False) -> list[tuple[str, dict]]:
+    """A fixed program that fires every rule where each has something to act on (own_path: on
+    LMCache's own path, without the machine's route-arounds)."""
     c = cfg.chunk
     p = PromptSpec(0, 3 * c)  # exactly 3 chunks
     q = PromptSpec(0, 3 * c + 1)  # the same family, one token more
     r = PromptSpec(1, 2 * c - 1)  # another family, one token short of 2 chunks
     s = PromptSpec(0, 2 * c + 5, (c + 3,))  # shares chunk 0 with p, diverges in chunk 1
     return [
-        ("start", {"tp": cfg.tps[-1], "budget": c + 1}),
+        ("start", {"tp": cfg.tps[-1], "budget": c + 1, **({"route_arounds": False} if own_path else {})}),
         ("add_request", dict(p=p, tenant="t0", max_tokens=1)),
         ("step", dict(wait_ms=0, n=3)),  # lookup not ready, then prefill steps
         ("add_request", dict(p=q, tenant="t0", max_tokens=3)),
@@ -185,6 +186,21 @@ def test_busy_tour_fires_every_rule(busy_machine, layout):
     missing = [r for r in RULES if r != "new_prompt" and not rec.fired.get(r)]
     print(f"\n{layout}: tour of {len(tour(cfg))} rules, {rec.steps} engine steps in {secs:.1f} s")
     assert not missing, f"the tour did not fire {missing}"
+
+
+@pytest.mark.parametrize("layout", ["dense", "sliding"])
+def test_busy_tour_on_lmcaches_own_path(busy_machine, layout):
+    """The tour without the machine's route-arounds (steps do not wait for their stores, an abort
+    lands during a load): every check after every step, and a violation only set aside where a
+    known issue's signature on this build explains it (then the program stops there, counted in
+    the run's summary); any other violation fails."""
+    cfg = LAYOUTS[layout]
+    rec = Recorder()
+    with supported(cfg):
+        m = run_program(busy_machine(cfg, rec), tour(cfg, own_path=True))
+    missing = [r for r in RULES if r != "new_prompt" and not rec.fired.get(r)]
+    print(f"\n{layout} on LMCache's own path: set aside by {m.set_aside_by or 'nothing'}; {rec.steps} engine steps")
+    assert m.set_aside_by or not missing, f"the tour did not fire {missing}"
 
 
 def test_busy_restart_waits_only_where_the_workers_can_notice(busy_machine):

@@ -31,7 +31,8 @@ from fixtures.drivers.engine_flow import run_engine_case
 from fixtures.drivers.real_engine import EngineStartError
 from fixtures.observe import event
 from fixtures.oracle import verdicts
-from fixtures.oracle.engine import CHECKS, check, report
+from fixtures.oracle.engine import CHECKS, check, judge, report
+from fixtures.oracle.signatures import engine_gdn_state_private
 from fixtures.properties import budget
 from strategies.engine import engine_cases
 
@@ -51,7 +52,7 @@ def run_and_check(pool, case, names=CHECKS):
     started(pool, case.engine)
     obs = run_engine_case(pool, case)
     event(f"batch of {len(case.prompts)}, step {'max' if case.step is None else case.step}, {case.settle}")
-    found = check(obs, names)
+    found = judge(obs, names)
     if found:
         verdicts.fail(found, report(obs, found), kind="engine", case=case.to_json(), names=names)
     return obs
@@ -62,8 +63,11 @@ def _ids(n: int, seed: int = 0) -> tuple[int, ...]:
     return tuple(r.randrange(3, 500) for _ in range(n))
 
 
-def _case(opts, lens, about, step=None):
-    return EngineCase(opts, tuple(_ids(n) for n in lens), step=step, about=about)
+def _case(opts, lens, about, step=None, own_path=False):
+    """own_path: on LMCache's own path (EngineCase.route_arounds False, the engine's own_path())."""
+    if own_path:
+        opts = opts.own_path()
+    return EngineCase(opts, tuple(_ids(n) for n in lens), step=step, about=about, route_arounds=not own_path)
 
 
 @pytest.mark.parametrize("mode", sorted(DENSE))
@@ -88,7 +92,9 @@ def test_dense_warm_equals_cold(engine_pool, mode):
 def test_hybrid_warm_equals_cold(engine_pool):
     """The same property on a tiny Qwen3-Next (GDN + attention), one prompt at a time, with the
     model's GDN state views re-pointed into the storage LMCache moved (the connector tier's
-    harness does the same; the unmodified case is pinned below)."""
+    harness does the same; the unmodified case is pinned below), and on LMCache's own path
+    (drawn: views left stale, wait_for_save not waited on), where a warm != cold that the known
+    issues' signatures explain is set aside and anything else fails."""
     c = HYBRID.chunk
 
     @settings(max_examples=budget(0.5))
@@ -96,6 +102,9 @@ def test_hybrid_warm_equals_cold(engine_pool):
     # hits of 2 and 3 chunks, in one step and in steps of 256 (the pinned case below)
     @example(case=_case(HYBRID, (2 * c + 1,), ("2C+1",), step=256))
     @example(case=_case(HYBRID, (3 * c + 1,), ("3C+1",), step=256))
+    # LMCache's own path in every run (on the builds the shm-migration issue is known for, its
+    # warm != cold is set aside and counted)
+    @example(case=_case(HYBRID, (2 * c + 1,), ("2C+1",), step=256, own_path=True))
     def prop(case):
         run_and_check(engine_pool, case)
 
@@ -124,13 +133,12 @@ def test_hybrid_gdn_state_is_restored_where_the_model_reads_it(engine_pool):
     started(engine_pool, case.engine)
     obs = run_engine_case(engine_pool, case)
     found = check(obs)
-    gdn = {k: v for k, v in (obs.engine_info.get("kv_storages") or {}).items() if "linear_attn" in k}
     if (
         found
         and {v.invariant for v in found} <= {"warm_equals_cold", "warm_equals_apc"}
-        and gdn
-        and all(v == ["private"] for v in gdn.values())
+        and engine_gdn_state_private(obs)
     ):
+        gdn = {k: v for k, v in obs.engine_info["kv_storages"].items() if "linear_attn" in k}
         raise GdnStateNotRestored(report(obs, found) + f"\nGDN state storages: {gdn}")
     assert not found, report(obs, found)
 
@@ -148,6 +156,8 @@ def test_sliding_warm_equals_cold(engine_pool, layout):
     # chunks of a longer prompt with a step that crosses a window boundary
     @example(case=_case(o, (3 * c,), ("3C+0",)))
     @example(case=_case(o, (2 * c + 1,), ("2C+1",), step=c + 1))
+    # LMCache's own path in every run: wait_for_save returns before the stores end
+    @example(case=_case(o, (3 * c,), ("3C+0",), own_path=True))
     def prop(case):
         run_and_check(engine_pool, case)
 

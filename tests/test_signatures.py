@@ -72,6 +72,74 @@ def test_the_wait_for_save_signature_matches_only_its_fact():
     assert _name(_obs(SLIDING, freed=2), _v("sliding", 0, invariant="told_equals_restored")) is None
 
 
+def _engine_obs(groups, *, own_path=True, storages="private", in_flight=0):
+    from fixtures.case.engine import HYBRID, EngineCase
+    from fixtures.observation.engine import EngineObservation
+
+    info = {
+        "kv_cache_groups": [{"spec": spec, "block_size": 16, "layers": [], **extra} for spec, extra in groups],
+        "kv_storages": {"model.layers.0.linear_attn": [storages], "model.layers.1.self_attn": ["shm"]},
+    }
+    case = EngineCase(HYBRID.own_path() if own_path else HYBRID, ((1, 2, 3),), route_arounds=not own_path)
+    return EngineObservation(case, engine_info=info, stores_in_flight=in_flight)
+
+
+HYBRID_GROUPS = (("MambaSpec", {}), ("FullAttentionSpec", {}))
+SLIDING_GROUPS = (("SlidingWindowSpec", {"sliding_window": 64}), ("FullAttentionSpec", {}))
+DENSE_GROUPS = (("FullAttentionSpec", {}),)
+
+
+@in_range
+def test_the_engine_tiers_signatures_match_only_their_facts():
+    """The real-engine tier (EngineObservation): warm != cold with the GDN layers reading private
+    memory; warm != cold where vLLM frees blocks mid-request and a wait_for_save returned early."""
+    out = Violation("warm_equals_cold", "...")
+    assert _name(_engine_obs(HYBRID_GROUPS), out) == "shm_migration_stale_gdn_views"
+    assert _name(_engine_obs(HYBRID_GROUPS), Violation("warm_equals_apc", "...")) == "shm_migration_stale_gdn_views"
+    assert _name(_engine_obs(SLIDING_GROUPS, storages="shm", in_flight=1), out) == (
+        "wait_for_save_returns_before_stores_end"
+    )
+    # near misses: the route-arounds on; the GDN state in shm (where LMCache restores it) and no
+    # store in flight; another check (hits, no_failure); stores in flight on a dense model
+    # (vLLM frees no block of a running request there)
+    assert _name(_engine_obs(HYBRID_GROUPS, own_path=False), out) is None
+    assert _name(_engine_obs(HYBRID_GROUPS, storages="shm"), out) is None
+    assert _name(_engine_obs(HYBRID_GROUPS), Violation("hits", "...")) is None
+    assert _name(_engine_obs(SLIDING_GROUPS, storages="shm", in_flight=1), Violation("no_failure", "...")) is None
+    assert _name(_engine_obs(SLIDING_GROUPS, storages="shm", in_flight=0), out) is None
+    assert _name(_engine_obs(DENSE_GROUPS, storages="shm", in_flight=3), out) is None
+
+
+def _machine(*, own_path=True, freed=0, aborted_during_load=0):
+    """What the busy machine shows the signatures (fixtures.machines.busy_connector)."""
+    return types.SimpleNamespace(
+        route_arounds=not own_path,
+        engines={"A": types.SimpleNamespace(freed_while_storing=freed)},
+        aborted_during_load=aborted_during_load,
+    )
+
+
+@in_range
+def test_the_busy_machines_signatures_match_only_their_facts():
+    crash = Violation("vllm_scheduler_raised", "...", {"where": "_update_from_kv_xfer_finished"})
+    assert _name(_machine(freed=1), Violation("computed", "...")) == "wait_for_save_returns_before_stores_end"
+    assert _name(_machine(aborted_during_load=1), crash) == "abort_during_load_crashes_vllm_scheduler"
+    assert _name(_machine(aborted_during_load=1), Violation("freed", "...")) == (
+        "abort_during_load_crashes_vllm_scheduler"
+    )
+    # near misses: the route-arounds on; no block freed while a store was in flight; another
+    # check; no abort during a load; an assert elsewhere in vLLM
+    assert _name(_machine(own_path=False, freed=1), Violation("computed", "...")) is None
+    assert _name(_machine(own_path=False, aborted_during_load=1), crash) is None
+    assert _name(_machine(freed=0), Violation("computed", "...")) is None
+    assert _name(_machine(freed=1), Violation("told", "...")) is None
+    assert _name(_machine(freed=1), Violation("stores", "...")) is None
+    assert _name(_machine(), crash) is None
+    assert _name(_machine(), Violation("freed", "...")) is None
+    other = Violation("vllm_scheduler_raised", "...", {"where": "schedule"})
+    assert _name(_machine(aborted_during_load=1), other) is None
+
+
 def test_a_signature_is_off_outside_its_builds():
     off = tuple(dataclasses.replace(s, builds="==0.0.1") for s in S.SIGNATURES)
     obs = _obs(GDN, stale=("model.layers.0.linear_attn",))
