@@ -98,6 +98,16 @@ def test_every_tolerance_range_is_listed_with_its_builds():
     )
 
 
+def test_every_known_issue_signature_is_listed_with_its_builds():
+    """Each signature that sets an own-path example aside (fixtures/oracle/signatures.py) is on
+    docs/findings.md with its builds."""
+    from fixtures.oracle.signatures import SIGNATURES
+
+    page = (ROOT / "docs" / "findings.md").read_text()
+    missing = [f"{s.name} ({s.builds})" for s in SIGNATURES if f"| `{s.name}` | `{s.builds}` |" not in page]
+    assert not missing, f"list these in docs/findings.md (Signatures: ...): {missing}"
+
+
 def test_a_skip_the_manifest_does_not_expect_fails_the_run():
     """Skip accounting catches each way a skip can hide a check: a new skip, a skip for another
     reason, and an expected skip that did not happen (only among the tests that ran)."""
