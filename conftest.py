@@ -66,6 +66,12 @@ def pytest_addoption(parser):
         help="events file of fixtures.observation.server_tap loaded by that server (server-side byte figures)",
     )
     g.addoption(
+        "--lmcache-server-args",
+        default=pbt.SERVER_ARGS.get(),
+        help="your own `lmcache server` flags (one quoted string), added to every server the suite starts; "
+        "the suite's ports, tap, chunk size and object-group layout stay its own (docs/running.md)",
+    )
+    g.addoption(
         "--gpu-share",
         action="store_true",
         default=False,
@@ -102,6 +108,16 @@ def pytest_configure(config):
         preflight.check_core()
     except SuiteError as e:
         pytest.exit(f"lmcache-pbt: {e}", returncode=4)
+    # the user's server flags: every server of the run (and xdist's workers) gets them
+    server_args = config.getoption("--lmcache-server-args")
+    if server_args:
+        from fixtures.case.server import parse_user_args
+
+        os.environ[pbt.SERVER_ARGS.name] = server_args
+        try:
+            parse_user_args(server_args)
+        except SuiteError as e:
+            pytest.exit(f"lmcache-pbt: {e}", returncode=4)
     # Probe the build once, here in the controller before xdist starts its workers
     # (they then read the cached result; fixtures.compat.capabilities).
     from fixtures.compat import capabilities
@@ -146,7 +162,9 @@ def pytest_report_header(config):
         build = capabilities.get().header()
     except Exception as e:  # noqa: BLE001 -- the header must not be what fails the run
         build = f"capability probe failed: {e}"
-    return [f"lmcache-pbt: {build}", f"lmcache-pbt: hypothesis profile {prof}; server: {where}"]
+    flags = config.getoption("--lmcache-server-args")
+    mine = f"; your server flags: {flags}" if flags and not config.getoption("--lmcache-url") else ""
+    return [f"lmcache-pbt: {build}", f"lmcache-pbt: hypothesis profile {prof}; server: {where}{mine}"]
 
 
 # ---------------------------------------------------------------------------
