@@ -184,6 +184,9 @@ def pytest_runtest_setup(item):
     repro.set_current_test(item.nodeid)
     pool.begin_test()
     item._lmcache_pbt_signatures = dict(signatures.MATCHED)
+    from fixtures.case import server_configs
+
+    item._lmcache_pbt_server_configs = dict(server_configs.DRAWN)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -200,6 +203,12 @@ def pytest_runtest_makereport(item, call):
         matched = {n: c - before.get(n, 0) for n, c in signatures.MATCHED.items() if c > before.get(n, 0)}
         if matched:  # examples set aside as a known issue: the controller's summary counts them
             report.user_properties.append(("known_signatures", matched))
+        from fixtures.case import server_configs
+
+        before = getattr(item, "_lmcache_pbt_server_configs", {})
+        drawn = {n: c - before.get(n, 0) for n, c in server_configs.DRAWN.items() if c > before.get(n, 0)}
+        if drawn:  # the server configurations this test's examples ran on (the summary adds them up)
+            report.user_properties.append(("server_configs", drawn))
     exc = call.excinfo.value if call.excinfo is not None else None
     if isinstance(exc, SuiteError) and report.failed:
         # An environment problem, not a property verdict: say it in one line.

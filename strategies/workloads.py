@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import event
 from hypothesis import strategies as st
 
 from fixtures import settings
+from fixtures.case import server_configs
 from fixtures.case.server import ServerOptions
+from fixtures.compat import capabilities as caps
 from fixtures.case.workload import MODES, PromptSpec, StoreSpec, Workload
 from strategies.layouts import kv_layouts, rank_layouts, tiny_layouts
 
@@ -140,7 +143,7 @@ def workloads(
     stores = tuple(drawn)
     query = draw(query_for(stores, c, max_chunks, query_kinds))
     return Workload(
-        server=replace(server, chunk_size=c),
+        server=draw(server_configurations(replace(server, chunk_size=c))),
         tp=tp,
         mode=mode,
         layout=layout,
@@ -150,6 +153,22 @@ def workloads(
         settle=draw(st.sampled_from(settles)),
         device=device,
     )
+
+
+@st.composite
+def server_configurations(draw, base: ServerOptions) -> ServerOptions:
+    """LMCache's defaults (`base`, the shrink-to value) or the configuration this test rotates to
+    (fixtures/case/server_configs.py). A fault-injected or tagged server stays as it is (the
+    self-checks' bounds are stated for the defaults); so does a build without the flags."""
+    cfg = server_configs.for_test(server_configs.current_test())
+    if cfg is server_configs.DEFAULT or base.faults or base.tag or not all(caps.has(n) for n in cfg.needs):
+        out = base
+    else:
+        out = draw(st.sampled_from([base, cfg.apply(base)]))
+    name = server_configs.name_of(out)
+    server_configs.DRAWN[name] += 1
+    event(f"server: {name}")
+    return out
 
 
 def reserve_last_tokens() -> st.SearchStrategy[bool]:
