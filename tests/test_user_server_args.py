@@ -74,23 +74,25 @@ def _layout():
     return KVLayout(num_layers=1, kv_heads_per_rank=1, head_dim=4, block_size=16)
 
 
-def _nested(flags: str, *selection: str) -> subprocess.CompletedProcess:
+def _nested(tmp_path, flags: str, *selection: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "LMCACHE_PBT_SERVER_ARGS"))}
+    env[settings.REPRO_DIR.name] = str(tmp_path)  # its repros and skip record are not the run's
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"]
     argv += ["--hypothesis-profile=smoke", f"--lmcache-server-args={flags}", *selection]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_the_suite_runs_nested_with_your_flags():
-    run = _nested(FLAGS, "tests/test_hits.py::test_prompt_never_stored_hits_zero", "-k", "cpu and lmcache_driven")
+def test_the_suite_runs_nested_with_your_flags(tmp_path):
+    test = "tests/test_hits.py::test_prompt_never_stored_hits_zero"
+    run = _nested(tmp_path, FLAGS, test, "-k", "cpu and lmcache_driven")
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert f"your server flags: {FLAGS}" in out, out[:2000]
     assert "1 passed" in out, out[-2000:]
 
 
-def test_a_refused_flag_stops_the_run_in_one_line():
-    run = _nested("--chunk-size 784", "tests/test_hits.py::test_prompt_never_stored_hits_zero")
+def test_a_refused_flag_stops_the_run_in_one_line(tmp_path):
+    run = _nested(tmp_path, "--chunk-size 784", "tests/test_hits.py::test_prompt_never_stored_hits_zero")
     out = (run.stdout + run.stderr).strip()
     assert run.returncode == 4, out[-2000:]
     assert "lmcache-pbt: server flag --chunk-size: not yours to set here" in out, out[-2000:]
