@@ -156,6 +156,20 @@ def test_an_example_is_set_aside_only_when_every_violation_is_known():
     assert S.set_aside(obs, []) == ([], [])
 
 
+def _own_path_gdn_case(*faults: str) -> ConnectorCase:
+    """A 4-chunk GDN + attention prompt served from LMCache on its own path (the shm migration
+    issue's case), with `faults` in the server; skips where the build cannot run it."""
+    from fixtures.compat import capabilities as caps
+
+    caps.require("connector:lmcache", *(f"fault:{f.split(':')[0]}" for f in faults))
+    if not holds_on(S.SHM_MIGRATION_BUILDS):
+        pytest.skip(f"the shm migration issue is not known on this build ({S.SHM_MIGRATION_BUILDS})")
+    p = PromptSpec(4, 200)
+    return ConnectorCase(
+        TINY_GDN, tp=1, separate_object_groups=True, first=p, second=p, faults=faults, route_arounds=False
+    )
+
+
 @pytest.mark.connector
 @pytest.mark.parametrize("mutant", [False, True], ids=["own-path", "mutant-route-around-back-on"])
 def test_a_case_on_lmcaches_own_path_runs_it_unpatched(harness, monkeypatch, mutant):
@@ -163,21 +177,10 @@ def test_a_case_on_lmcaches_own_path_runs_it_unpatched(harness, monkeypatch, mut
     migration issue is known, the GDN state it restores is the known wrong one, and the example
     is set aside by that signature. The mutant harness re-enables the route-around without saying
     so (the pool hands out an engine that re-points the views): the claim must then fail."""
-    from fixtures.compat import capabilities as caps
     from fixtures.drivers import connector
     from fixtures.oracle import connector_invariants as ci
 
-    caps.require("connector:lmcache")
-    if not holds_on(S.SHM_MIGRATION_BUILDS):
-        pytest.skip(f"the shm migration issue is not known on this build ({S.SHM_MIGRATION_BUILDS})")
-    case = ConnectorCase(
-        TINY_GDN,
-        tp=1,
-        separate_object_groups=True,
-        first=PromptSpec(4, 200),
-        second=PromptSpec(4, 200),
-        route_arounds=False,
-    )
+    case = _own_path_gdn_case()
     made = []
     if mutant:
 
@@ -225,22 +228,10 @@ def test_a_regression_on_lmcaches_own_path_is_caught_beside_a_known_issue(harnes
     instead, another known issue). The GDN group's known stale-view violation is still there,
     but the attention group's restored KV is wrong too, which no signature explains: the example
     is not set aside, it fails."""
-    from fixtures.compat import capabilities as caps
     from fixtures.drivers import connector
     from fixtures.oracle import connector_invariants as ci
 
-    caps.require("connector:lmcache", "fault:swap_retrieved_chunks")
-    if not holds_on(S.SHM_MIGRATION_BUILDS):
-        pytest.skip(f"the shm migration issue is not known on this build ({S.SHM_MIGRATION_BUILDS})")
-    case = ConnectorCase(
-        TINY_GDN,
-        tp=1,
-        separate_object_groups=True,
-        first=PromptSpec(4, 200),
-        second=PromptSpec(4, 200),
-        faults=("swap_retrieved_chunks:1",),
-        route_arounds=False,
-    )
+    case = _own_path_gdn_case("swap_retrieved_chunks:1")
     try:
         obs = connector.run_case(harness, case)
     finally:
