@@ -179,14 +179,19 @@ def pytest_runtest_setup(item):
     from fixtures import repro
     from fixtures.drivers import pool
 
-    from fixtures.oracle import signatures
-
     repro.set_current_test(item.nodeid)
     pool.begin_test()
-    item._lmcache_pbt_signatures = dict(signatures.MATCHED)
-    from fixtures.case import server_configs
+    item._lmcache_pbt_counts = {key: dict(counter) for key, counter in _per_test_counters()}
 
-    item._lmcache_pbt_server_configs = dict(server_configs.DRAWN)
+
+def _per_test_counters():
+    """(report key, process-wide Counter) pairs whose per-test increments each report carries to
+    the controller, which adds them up over the workers (fixtures/skips.py): examples set aside
+    by a known issue's signature, and examples per server configuration."""
+    from fixtures.case import server_configs
+    from fixtures.oracle import signatures
+
+    return (("known_signatures", signatures.MATCHED), ("server_configs", server_configs.DRAWN))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -197,18 +202,11 @@ def pytest_runtest_makereport(item, call):
     from fixtures.errors import SuiteError
 
     if report.when == "call":
-        from fixtures.oracle import signatures
-
-        before = getattr(item, "_lmcache_pbt_signatures", {})
-        matched = {n: c - before.get(n, 0) for n, c in signatures.MATCHED.items() if c > before.get(n, 0)}
-        if matched:  # examples set aside as a known issue: the controller's summary counts them
-            report.user_properties.append(("known_signatures", matched))
-        from fixtures.case import server_configs
-
-        before = getattr(item, "_lmcache_pbt_server_configs", {})
-        drawn = {n: c - before.get(n, 0) for n, c in server_configs.DRAWN.items() if c > before.get(n, 0)}
-        if drawn:  # the server configurations this test's examples ran on (the summary adds them up)
-            report.user_properties.append(("server_configs", drawn))
+        for key, counter in _per_test_counters():
+            before = getattr(item, "_lmcache_pbt_counts", {}).get(key, {})
+            added = {n: c - before.get(n, 0) for n, c in counter.items() if c > before.get(n, 0)}
+            if added:
+                report.user_properties.append((key, added))
     exc = call.excinfo.value if call.excinfo is not None else None
     if isinstance(exc, SuiteError) and report.failed:
         # An environment problem, not a property verdict: say it in one line.

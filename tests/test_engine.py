@@ -32,7 +32,7 @@ from fixtures.drivers.real_engine import EngineStartError
 from fixtures.observe import event
 from fixtures.oracle import verdicts
 from fixtures.oracle.engine import CHECKS, check, judge, report
-from fixtures.oracle.signatures import engine_gdn_state_private
+from fixtures.oracle.signatures import engine_gdn_state_private, engine_gdn_storages
 from fixtures.properties import budget
 from strategies.engine import engine_cases
 
@@ -138,8 +138,7 @@ def test_hybrid_gdn_state_is_restored_where_the_model_reads_it(engine_pool):
         and {v.invariant for v in found} <= {"warm_equals_cold", "warm_equals_apc"}
         and engine_gdn_state_private(obs)
     ):
-        gdn = {k: v for k, v in obs.engine_info["kv_storages"].items() if "linear_attn" in k}
-        raise GdnStateNotRestored(report(obs, found) + f"\nGDN state storages: {gdn}")
+        raise GdnStateNotRestored(report(obs, found) + f"\nGDN state storages: {engine_gdn_storages(obs)}")
     assert not found, report(obs, found)
 
 
